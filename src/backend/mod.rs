@@ -1,0 +1,96 @@
+//! The backend interface: the handful of operations GPT-2 needs, implemented once per
+//! device (CPU reference today; fast CPU and GPU backends implement the same trait).
+//!
+//! Models are written once over [`Backend`]. A backend owns the form its weights take
+//! ([`Backend::Matrix`]: f32 here, f16/quantized/GPU-resident elsewhere), its
+//! activations and its KV-cache storage. Batches are flat: the rows of one forward
+//! call may come from several sequences, each at its own position ([`SeqSlice`]), so
+//! one call can prefill a prompt and decode a step for other sequences together.
+
+pub mod reference;
+
+use std::ops::Range;
+
+use crate::loaders::safetensors::TensorView;
+
+/// How a weight matrix is stored in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatrixLayout {
+    /// `[in, out]`, used as `y = x @ W` (HF's GPT-2 `Conv1D`).
+    InOut,
+    /// `[out, in]`, used as `y = x @ W^T` (`nn.Linear`; an embedding table used as LM head).
+    OutIn,
+}
+
+/// Rows `rows` of a batch belong to one sequence and sit at positions
+/// `start_pos .. start_pos + rows.len()` of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqSlice {
+    pub rows: Range<usize>,
+    pub start_pos: usize,
+}
+
+/// A dense row-major f32 matrix in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl HostMatrix {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        HostMatrix { rows, cols, data: vec![0.0; rows * cols] }
+    }
+
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+pub trait Backend: Sync {
+    /// A weight matrix in the backend's own form.
+    type Matrix: Send + Sync;
+    /// A bias or LayerNorm gain/shift.
+    type Vector: Send + Sync;
+    /// Activations: a (rows, cols) matrix on the device.
+    type Act;
+    /// One sequence's keys and values for every layer.
+    type KvCache: Send;
+
+    /// Short name shown to users ("reference", "cpu", "gpu").
+    fn name(&self) -> String;
+
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<Self::Matrix>;
+    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
+    /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
+
+    /// Rows `ids` of an `OutIn` table: (T, cols). Ids are checked by the caller.
+    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Self::Act;
+    /// Per-row LayerNorm with gain and shift.
+    fn layer_norm(&self, x: &Self::Act, gain: &Self::Vector, shift: &Self::Vector, eps: f32) -> Self::Act;
+    /// `x @ W (+ bias)`: (T, in) → (T, out).
+    fn linear(&self, x: &Self::Act, w: &Self::Matrix, bias: Option<&Self::Vector>) -> Self::Act;
+    /// GELU, tanh approximation, in place.
+    fn gelu(&self, x: &mut Self::Act);
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Act, y: &Self::Act);
+    /// Causal multi-head attention. `qkv` is (T, 3C) with q | k | v; each sequence's k and
+    /// v rows are first written into its cache at their positions, then every row attends
+    /// over positions `0..=pos` of its own sequence. `caches[i]` belongs to `seqs[i]`.
+    /// Returns (T, C).
+    fn attention(
+        &self,
+        qkv: &Self::Act,
+        seqs: &[SeqSlice],
+        caches: &mut [&mut Self::KvCache],
+        layer: usize,
+        n_head: usize,
+        scale: f32,
+    ) -> Self::Act;
+    /// The given rows of `x`, in order.
+    fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
+    /// Copy to host memory.
+    fn to_host(&self, x: &Self::Act) -> anyhow::Result<HostMatrix>;
+}

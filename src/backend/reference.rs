@@ -1,0 +1,252 @@
+//! The reference CPU backend: plain Rust, written to be read and trusted.
+//!
+//! Every other backend is tested against this one. It computes in f32 like HF
+//! transformers (LayerNorm statistics in f64), keeps weights as f32 and uses rayon only
+//! where it is free to do so: independent output rows and column blocks of a matmul,
+//! independent rows of attention.
+
+use anyhow::{bail, ensure};
+use rayon::prelude::*;
+
+use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use crate::loaders::safetensors::TensorView;
+
+/// Output columns per parallel task in `linear`.
+const COL_BLOCK: usize = 256;
+
+pub struct ReferenceBackend;
+
+pub struct RefMatrix {
+    layout: MatrixLayout,
+    /// Logical dims: `y = x @ W` maps `n_in` → `n_out`.
+    n_in: usize,
+    n_out: usize,
+    /// As stored: `[n_in, n_out]` for InOut, `[n_out, n_in]` for OutIn.
+    data: Vec<f32>,
+}
+
+pub struct RefKvCache {
+    capacity: usize,
+    width: usize,
+    /// Per layer: (keys, values), each `[capacity, width]`.
+    layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+fn f32_data(t: &TensorView) -> anyhow::Result<Vec<f32>> {
+    t.to_f32().map_err(anyhow::Error::msg)
+}
+
+/// Dot product with eight independent partial sums (the compiler vectorizes this).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
+}
+
+impl Backend for ReferenceBackend {
+    type Matrix = RefMatrix;
+    type Vector = Vec<f32>;
+    type Act = HostMatrix;
+    type KvCache = RefKvCache;
+
+    fn name(&self) -> String {
+        "reference".into()
+    }
+
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<RefMatrix> {
+        let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+        let (n_in, n_out) = match layout {
+            MatrixLayout::InOut => (rows, cols),
+            MatrixLayout::OutIn => (cols, rows),
+        };
+        Ok(RefMatrix { layout, n_in, n_out, data: f32_data(t)? })
+    }
+
+    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
+        ensure!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
+        f32_data(t)
+    }
+
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
+        let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+        Ok(RefKvCache { capacity, width, layers: (0..n_layer).map(|_| (vec![0.0; n], vec![0.0; n])).collect() })
+    }
+
+    fn embed(&self, table: &RefMatrix, ids: &[u32]) -> HostMatrix {
+        assert_eq!(table.layout, MatrixLayout::OutIn, "embedding tables are [rows, dim]");
+        let dim = table.n_in;
+        let mut out = HostMatrix::zeros(ids.len(), dim);
+        for (row, &id) in out.data.chunks_mut(dim).zip(ids) {
+            row.copy_from_slice(&table.data[id as usize * dim..(id as usize + 1) * dim]);
+        }
+        out
+    }
+
+    fn layer_norm(&self, x: &HostMatrix, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> HostMatrix {
+        let mut out = x.clone();
+        out.data.par_chunks_mut(x.cols).for_each(|row| {
+            let n = row.len() as f64;
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / n;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+            let inv_std = 1.0 / (var + eps as f64).sqrt();
+            for ((v, g), b) in row.iter_mut().zip(gain).zip(shift) {
+                *v = ((*v as f64 - mean) * inv_std) as f32 * g + b;
+            }
+        });
+        out
+    }
+
+    fn linear(&self, x: &HostMatrix, w: &RefMatrix, bias: Option<&Vec<f32>>) -> HostMatrix {
+        assert_eq!(x.cols, w.n_in, "linear: input width");
+        let (n_in, n_out) = (w.n_in, w.n_out);
+        let mut out = HostMatrix::zeros(x.rows, n_out);
+        out.data.par_chunks_mut(n_out).enumerate().for_each(|(t, out_row)| {
+            let x_row = x.row(t);
+            out_row.par_chunks_mut(COL_BLOCK).enumerate().for_each(|(blk, seg)| {
+                let j0 = blk * COL_BLOCK;
+                match bias {
+                    Some(b) => seg.copy_from_slice(&b[j0..j0 + seg.len()]),
+                    None => seg.fill(0.0),
+                }
+                match w.layout {
+                    // out[j] += Σ_k x[k] · W[k][j]: stream rows of W.
+                    MatrixLayout::InOut => {
+                        for (k, &xk) in x_row.iter().enumerate() {
+                            let w_row = &w.data[k * n_out + j0..k * n_out + j0 + seg.len()];
+                            for (o, &wv) in seg.iter_mut().zip(w_row) {
+                                *o += xk * wv;
+                            }
+                        }
+                    }
+                    // out[j] += x · W[j]: one dot product per output.
+                    MatrixLayout::OutIn => {
+                        for (i, o) in seg.iter_mut().enumerate() {
+                            let j = j0 + i;
+                            *o += dot(x_row, &w.data[j * n_in..(j + 1) * n_in]);
+                        }
+                    }
+                }
+            });
+        });
+        out
+    }
+
+    fn gelu(&self, x: &mut HostMatrix) {
+        x.data.par_iter_mut().for_each(|v| *v = gelu_tanh(*v));
+    }
+
+    fn add(&self, x: &mut HostMatrix, y: &HostMatrix) {
+        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+    }
+
+    fn attention(
+        &self,
+        qkv: &HostMatrix,
+        seqs: &[SeqSlice],
+        caches: &mut [&mut RefKvCache],
+        layer: usize,
+        n_head: usize,
+        scale: f32,
+    ) -> HostMatrix {
+        let c = qkv.cols / 3;
+        let hd = c / n_head;
+        assert_eq!(seqs.len(), caches.len(), "one cache per sequence");
+        // 1. Append each sequence's new keys and values to its cache.
+        let mut row_info = vec![(0usize, 0usize); qkv.rows]; // (sequence, position) per row
+        for (s, (seq, cache)) in seqs.iter().zip(caches.iter_mut()).enumerate() {
+            assert_eq!(cache.width, c, "cache width");
+            assert!(seq.start_pos + seq.rows.len() <= cache.capacity, "KV cache overflow (checked by the model)");
+            let (k_cache, v_cache) = &mut cache.layers[layer];
+            for (i, r) in seq.rows.clone().enumerate() {
+                let pos = seq.start_pos + i;
+                let row = qkv.row(r);
+                k_cache[pos * c..(pos + 1) * c].copy_from_slice(&row[c..2 * c]);
+                v_cache[pos * c..(pos + 1) * c].copy_from_slice(&row[2 * c..]);
+                row_info[r] = (s, pos);
+            }
+        }
+        // 2. Each row attends over positions 0..=pos of its sequence, head by head.
+        let caches: Vec<&RefKvCache> = caches.iter().map(|c| &**c).collect();
+        let mut out = HostMatrix::zeros(qkv.rows, c);
+        out.data.par_chunks_mut(c).enumerate().for_each(|(r, out_row)| {
+            let (s, pos) = row_info[r];
+            let (k_cache, v_cache) = &caches[s].layers[layer];
+            let mut scores = vec![0.0f32; pos + 1];
+            for h in 0..n_head {
+                let q = &qkv.row(r)[h * hd..(h + 1) * hd];
+                for (j, score) in scores.iter_mut().enumerate() {
+                    *score = dot(q, &k_cache[j * c + h * hd..j * c + (h + 1) * hd]) * scale;
+                }
+                softmax_in_place(&mut scores);
+                let o = &mut out_row[h * hd..(h + 1) * hd];
+                for (j, &p) in scores.iter().enumerate() {
+                    for (ov, &vv) in o.iter_mut().zip(&v_cache[j * c + h * hd..j * c + (h + 1) * hd]) {
+                        *ov += p * vv;
+                    }
+                }
+            }
+        });
+        out
+    }
+
+    fn select_rows(&self, x: &HostMatrix, rows: &[usize]) -> HostMatrix {
+        let mut out = HostMatrix::zeros(rows.len(), x.cols);
+        for (dst, &r) in out.data.chunks_mut(x.cols).zip(rows) {
+            dst.copy_from_slice(x.row(r));
+        }
+        out
+    }
+
+    fn to_host(&self, x: &HostMatrix) -> anyhow::Result<HostMatrix> {
+        Ok(x.clone())
+    }
+}
+
+/// Numerically stable softmax.
+pub fn softmax_in_place(v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in v.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    for x in v.iter_mut() {
+        *x /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_matches_known_values_and_survives_large_inputs() {
+        // torch.nn.functional.gelu(x, approximate="tanh")
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-6);
+        assert!((gelu_tanh(-0.5) - -0.154_285_99).abs() < 1e-6);
+        assert_eq!(gelu_tanh(1e3), 1e3);
+        assert_eq!(gelu_tanh(-1e3), 0.0);
+        assert_eq!(gelu_tanh(3e38), 3e38);
+    }
+
+    #[test]
+    fn softmax_is_stable() {
+        let mut v = [1000.0, 1000.0, -1e30];
+        softmax_in_place(&mut v);
+        assert_eq!(v, [0.5, 0.5, 0.0]);
+    }
+}

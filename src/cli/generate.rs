@@ -1,0 +1,156 @@
+//! `forge generate`: prompt → streamed text (or one JSON object with --json).
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+
+use batch_forge::backend::Backend;
+use batch_forge::backend::reference::ReferenceBackend;
+use batch_forge::engine::{Engine, GenerateParams, SamplingParams, StopReason};
+use batch_forge::loaders::DEFAULT_MODEL;
+use batch_forge::tokenizer::StreamDecoder;
+
+use super::BackendChoice;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The prompt (empty: start from <|endoftext|>).
+    #[arg(conflicts_with = "prompt")]
+    prompt_pos: Option<String>,
+    /// The prompt, as an option.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Model folder (config.json, model.safetensors, tokenizer.json) or Hub repo id.
+    #[arg(long, short, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Number of tokens to generate (fewer if EOS comes first or the context fills).
+    #[arg(long, short = 'n', default_value_t = 100)]
+    max_new_tokens: usize,
+    /// Always take the most likely token (same as --temperature 0).
+    #[arg(long)]
+    greedy: bool,
+    /// Softmax temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only; 0 turns the cut off.
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1].
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// RNG seed for sampling (default: from the clock; printed with --json).
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    backend: BackendChoice,
+    /// Worker threads (default: all cores).
+    #[arg(long, short)]
+    threads: Option<usize>,
+    /// Print one JSON object when done instead of streaming text.
+    #[arg(long)]
+    json: bool,
+    /// Also print prompt and generated token ids (to stderr).
+    #[arg(long)]
+    show_ids: bool,
+    /// Keep generating after <|endoftext|>.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    super::set_threads(args.threads)?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    });
+    let sampling = SamplingParams {
+        temperature: if args.greedy { 0.0 } else { args.temperature },
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed,
+    };
+    sampling.validate().map_err(anyhow::Error::msg)?;
+    match args.backend {
+        BackendChoice::Cpu | BackendChoice::Reference => run_on(ReferenceBackend, &args, sampling),
+    }
+}
+
+fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
+    let load_start = Instant::now();
+    let dir = super::model_dir(&args.model, true)?;
+    let engine = Engine::load_dir(backend, &dir)?;
+    let load_time = load_start.elapsed();
+    let tok = engine.tokenizer()?;
+    let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
+    let prompt_ids = if prompt.is_empty() { vec![engine.model.config.bos_token_id] } else { tok.encode(prompt) };
+    let eos = engine.model.config.eos_token_id;
+
+    let params = GenerateParams { max_new_tokens: args.max_new_tokens, sampling: sampling.clone(), ignore_eos: args.ignore_eos };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut stream = StreamDecoder::new();
+    let mut text = String::new();
+    let result = engine.generate(&prompt_ids, &params, |id| {
+        if id == eos && !args.ignore_eos {
+            return Ok(());
+        }
+        let piece = stream.push(tok.token_bytes(id)?);
+        if !args.json {
+            out.write_all(piece.as_bytes()).context("writing to stdout")?;
+            out.flush().context("writing to stdout")?;
+        }
+        text.push_str(&piece);
+        Ok(())
+    })?;
+    let tail = stream.finish();
+    text.push_str(&tail);
+
+    let n_new = result.generated_ids.len();
+    let (prefill_s, decode_s) = (result.timings.prefill.as_secs_f64(), result.timings.decode.as_secs_f64());
+    let decode_steps = n_new.saturating_sub(1);
+    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    if args.json {
+        let obj = serde_json::json!({
+            "prompt_ids": result.prompt_ids,
+            "generated_ids": result.generated_ids,
+            "text": text,
+            "backend": args.backend.label(),
+            "stop_reason": result.stop.as_str(),
+            "seed": sampling.seed,
+            "greedy": sampling.is_greedy(),
+            "timings": {
+                "load_s": load_time.as_secs_f64(),
+                "prefill_s": prefill_s,
+                "decode_s": decode_s,
+                "prompt_tokens": result.prompt_ids.len(),
+                "generated_tokens": n_new,
+                "prefill_tok_s": rate(result.prompt_ids.len(), prefill_s),
+                "decode_tok_s": rate(decode_steps, decode_s),
+            },
+        });
+        writeln!(out, "{obj}").context("writing to stdout")?;
+    } else {
+        writeln!(out, "{tail}").context("writing to stdout")?;
+    }
+    drop(out);
+    if result.stop == StopReason::ContextFull {
+        eprintln!(
+            "[stopped after {n_new} tokens: the model's context of {} tokens is full]",
+            engine.model.config.n_positions
+        );
+    }
+    if args.show_ids {
+        eprintln!("prompt ids: {:?}", result.prompt_ids);
+        eprintln!("generated ids: {:?}", result.generated_ids);
+    }
+    eprintln!(
+        "[prompt {} tokens in {prefill_s:.2}s = {:.1} tok/s; generated {n_new} tokens in {:.2}s = {:.1} tok/s on {}]",
+        result.prompt_ids.len(),
+        rate(result.prompt_ids.len(), prefill_s),
+        prefill_s + decode_s,
+        rate(decode_steps, decode_s),
+        args.backend.label()
+    );
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Next-token selection: greedy, temperature, top-k, top-p, with a seeded RNG.
+//!
+//! Order of operations (as in HF `generate`): logits / temperature → keep the top k →
+//! keep the smallest set whose probability reaches top p → draw. `temperature == 0`
+//! is greedy (argmax, lowest id on ties). `top_k == 0` means no top-k cut; `top_p == 1`
+//! means no nucleus cut.
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!("temperature must be a finite number >= 0 (0 = greedy), got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+}
+
+/// SplitMix64: tiny, fast, and identical on every platform, so a seed always gives the
+/// same text.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Scratch: (logit, id) candidates, reused across steps.
+    candidates: Vec<(f32, u32)>,
+}
+
+/// Index of the largest value; the lowest index among equals. NaNs are never chosen.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self, String> {
+        params.validate()?;
+        Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new() })
+    }
+
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        if p.is_greedy() || p.top_k == 1 {
+            return argmax(logits);
+        }
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v / p.temperature, i as u32)));
+        let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, desc);
+            c.truncate(p.top_k);
+        }
+        c.sort_unstable_by(desc);
+        let Some(&(max, first)) = c.first() else { return 0 };
+        let probs: Vec<f64> = c.iter().map(|&(v, _)| ((v - max) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        // Nucleus: the shortest prefix whose mass reaches top_p.
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, pr) in probs.iter().enumerate() {
+                cum += pr / total;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let kept_mass: f64 = probs[..keep].iter().sum();
+        let mut u = self.rng.next_f64() * kept_mass;
+        for (i, pr) in probs[..keep].iter().enumerate() {
+            if u < *pr {
+                return c[i].1;
+            }
+            u -= pr;
+        }
+        if keep > 0 { c[keep - 1].1 } else { first }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_picks_argmax_lowest_on_ties() {
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert_eq!(s.sample(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0, 2.0]), 2);
+    }
+
+    #[test]
+    fn invalid_params_are_rejected() {
+        for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5), (f32::INFINITY, 0.5)] {
+            assert!(Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: p, seed: 0 }).is_err());
+        }
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_support() {
+        let logits = [0.0, 5.0, 4.9, 4.8, -3.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 7 }).unwrap();
+        for _ in 0..200 {
+            assert!(matches!(s.sample(&logits), 1 | 2));
+        }
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.3, seed: 7 }).unwrap();
+        for _ in 0..200 {
+            assert_eq!(s.sample(&logits), 1);
+        }
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution_and_is_seeded() {
+        // p = softmax([0, ln 3]) = [0.25, 0.75]
+        let logits = [0.0, 3f32.ln()];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 }).unwrap();
+        let ones = (0..20_000).filter(|_| s.sample(&logits) == 1).count() as f64 / 20_000.0;
+        assert!((ones - 0.75).abs() < 0.015, "{ones}");
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed }).unwrap();
+            (0..50).map(|_| s.sample(&[0.1, 0.2, 0.3, 0.4])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
+}

@@ -1,0 +1,172 @@
+//! GPT-2 (Radford et al., 2019), written once over the [`Backend`] interface.
+//!
+//! ```text
+//! x = wte[tokens] + wpe[positions]                      // (T, C)
+//! for each block:
+//!     x = x + c_proj(attention(c_attn(ln_1(x))))        // causal self-attention
+//!     x = x + mlp_proj(gelu(c_fc(ln_2(x))))             // MLP, 4C wide
+//! logits = ln_f(x) @ wte^T                              // (T, V), tied head
+//! ```
+//!
+//! Weights come from HF's checkpoints. Their linear layers are `Conv1D`: stored
+//! `[in, out]` and applied as `y = x @ W + b` (the transpose of `nn.Linear`), hence
+//! [`MatrixLayout::InOut`]. There is no `lm_head` tensor: the output head is the token
+//! embedding `wte` `[V, C]` read as `[out, in]`. The Hub's files name tensors `h.0...`,
+//! `save_pretrained` writes `transformer.h.0...`; `h.N.attn.bias` is the causal-mask
+//! buffer, not a parameter, and is ignored.
+
+use anyhow::{Context, bail, ensure};
+
+use crate::backend::{Backend, MatrixLayout, SeqSlice};
+use crate::loaders::safetensors::TensorView;
+use crate::loaders::{Gpt2Config, WeightStore};
+
+struct Block<B: Backend> {
+    ln_1: (B::Vector, B::Vector),
+    c_attn: (B::Matrix, B::Vector), // C → 3C
+    attn_proj: (B::Matrix, B::Vector), // C → C
+    ln_2: (B::Vector, B::Vector),
+    c_fc: (B::Matrix, B::Vector),    // C → 4C
+    mlp_proj: (B::Matrix, B::Vector), // 4C → C
+}
+
+pub struct Gpt2<B: Backend> {
+    pub config: Gpt2Config,
+    wte: B::Matrix, // (V, C): token embedding and output head
+    wpe: B::Matrix, // (n_positions, C)
+    blocks: Vec<Block<B>>,
+    ln_f: (B::Vector, B::Vector),
+}
+
+/// One forward call: the flattened tokens of one or more sequences.
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub seqs: &'a [SeqSlice],
+}
+
+/// Which rows get logits.
+pub enum LogitRows {
+    /// The last row of each sequence (generation).
+    LastOfEachSeq,
+    /// Every row (evaluation, tests).
+    All,
+}
+
+/// Tensor lookup that accepts both naming schemes and checks shapes.
+struct Names<'a> {
+    store: &'a WeightStore,
+    prefix: &'static str,
+}
+
+impl<'a> Names<'a> {
+    fn get(&self, name: &str, shape: &[usize]) -> anyhow::Result<TensorView<'a>> {
+        let full = format!("{}{name}", self.prefix);
+        let t = self.store.get(&full).with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
+        ensure!(t.shape == shape, "tensor {full:?} has shape {:?}, expected {shape:?} for this config", t.shape);
+        Ok(t)
+    }
+}
+
+impl<B: Backend> Gpt2<B> {
+    pub fn load(backend: &B, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<Self> {
+        let prefix = if store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
+        let n = Names { store, prefix };
+        let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
+        let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?);
+        let matrix = |name: &str, shape: [usize; 2], layout| backend.load_matrix(&n.get(name, &shape)?, layout);
+        let linear = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
+            Ok((matrix(&format!("{name}.weight"), [n_in, n_out], MatrixLayout::InOut)?, vector(&format!("{name}.bias"), n_out)?))
+        };
+        let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
+            Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
+        };
+        if store.get("lm_head.weight").is_some() {
+            // GPT-2 ties the head to wte; an untied head is not a GPT-2 checkpoint we know.
+            let head = store.get("lm_head.weight").expect("checked");
+            let wte = n.get("wte.weight", &[v, c])?;
+            ensure!(head.bytes == wte.bytes, "lm_head.weight differs from wte.weight: untied GPT-2 heads are not supported");
+        }
+        let blocks = (0..config.n_layer)
+            .map(|i| {
+                let p = format!("h.{i}");
+                Ok(Block {
+                    ln_1: norm(&format!("{p}.ln_1"))?,
+                    c_attn: linear(&format!("{p}.attn.c_attn"), c, 3 * c)?,
+                    attn_proj: linear(&format!("{p}.attn.c_proj"), c, c)?,
+                    ln_2: norm(&format!("{p}.ln_2"))?,
+                    c_fc: linear(&format!("{p}.mlp.c_fc"), c, f)?,
+                    mlp_proj: linear(&format!("{p}.mlp.c_proj"), f, c)?,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Gpt2 {
+            wte: matrix("wte.weight", [v, c], MatrixLayout::OutIn)?,
+            wpe: matrix("wpe.weight", [config.n_positions, c], MatrixLayout::OutIn)?,
+            ln_f: norm("ln_f")?,
+            blocks,
+            config,
+        })
+    }
+
+    /// A KV cache for one sequence of up to `capacity` tokens.
+    pub fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+        ensure!(capacity <= self.config.n_positions, "KV cache of {capacity} exceeds the context {}", self.config.n_positions);
+        backend.new_kv_cache(self.config.n_layer, capacity, self.config.n_embd)
+    }
+
+    /// Run the batch through the model, appending to each sequence's cache, and return
+    /// the logits of the requested rows: (rows, V).
+    pub fn forward(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows,
+    ) -> anyhow::Result<B::Act> {
+        let cfg = &self.config;
+        let (tokens, seqs) = (batch.tokens, batch.seqs);
+        ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!("token id {bad} is out of range (vocabulary size {})", cfg.vocab_size);
+        }
+        let mut positions = vec![0u32; tokens.len()];
+        let mut covered = 0;
+        for s in seqs {
+            ensure!(s.rows.start == covered && s.rows.end <= tokens.len(), "sequence slices must tile the batch in order");
+            covered = s.rows.end;
+            let end = s.start_pos + s.rows.len();
+            ensure!(end <= cfg.n_positions, "sequence of {end} tokens exceeds the model's context of {}", cfg.n_positions);
+            for (i, r) in s.rows.clone().enumerate() {
+                positions[r] = (s.start_pos + i) as u32;
+            }
+        }
+        ensure!(covered == tokens.len(), "sequence slices must cover every token");
+
+        let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
+        let mut x = backend.embed(&self.wte, tokens); // (T, C)
+        backend.add(&mut x, &backend.embed(&self.wpe, &positions));
+        for (layer, b) in self.blocks.iter().enumerate() {
+            // Attention sub-block.
+            let h = backend.layer_norm(&x, &b.ln_1.0, &b.ln_1.1, cfg.layer_norm_epsilon); // (T, C)
+            let qkv = backend.linear(&h, &b.c_attn.0, Some(&b.c_attn.1)); // (T, 3C)
+            let layer_scale = if cfg.scale_attn_by_inverse_layer_idx { scale / (layer + 1) as f32 } else { scale };
+            let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale); // (T, C)
+            backend.add(&mut x, &backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)));
+            // MLP sub-block.
+            let h = backend.layer_norm(&x, &b.ln_2.0, &b.ln_2.1, cfg.layer_norm_epsilon); // (T, C)
+            let mut up = backend.linear(&h, &b.c_fc.0, Some(&b.c_fc.1)); // (T, 4C)
+            backend.gelu(&mut up);
+            backend.add(&mut x, &backend.linear(&up, &b.mlp_proj.0, Some(&b.mlp_proj.1))); // (T, C)
+        }
+        // Only the rows whose next token is wanted go through ln_f and the (V × C) head.
+        let x = match which {
+            LogitRows::All => x,
+            LogitRows::LastOfEachSeq => {
+                let last: Vec<usize> = seqs.iter().filter(|s| !s.rows.is_empty()).map(|s| s.rows.end - 1).collect();
+                backend.select_rows(&x, &last)
+            }
+        };
+        let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, cfg.layer_norm_epsilon);
+        Ok(backend.linear(&x, &self.wte, None)) // (rows, V)
+    }
+}

@@ -1,0 +1,371 @@
+//! Byte-level BPE tokenizer (GPT-2): loading, encoding, decoding, streaming decode.
+//!
+//! Loads HF `tokenizer.json` or the original `vocab.json` + `merges.txt`. Encoding is
+//! pre-tokenize ([`pretokenize`]) → bytes → BPE merges by rank, with a per-word cache.
+//! Special tokens (`<|endoftext|>`) are matched in the text only when asked
+//! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does.
+
+mod byte_level;
+mod pretokenize;
+mod stream;
+
+pub use pretokenize::pre_tokenize;
+pub use stream::StreamDecoder;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+    #[error("token id {id} is out of range (vocabulary size {vocab_size})")]
+    BadId { id: u32, vocab_size: usize },
+}
+
+type Result<T> = std::result::Result<T, TokenizerError>;
+
+/// Words longer than this are not cached (they are rare and would bloat the cache).
+const CACHE_MAX_WORD: usize = 64;
+const CACHE_MAX_ENTRIES: usize = 1 << 16;
+
+pub struct Tokenizer {
+    /// Raw bytes of each token → id.
+    encoder: HashMap<Vec<u8>, u32>,
+    /// id → raw bytes (empty for ids the vocabulary does not use).
+    decoder: Vec<Vec<u8>>,
+    /// (left id, right id) → (rank, merged id).
+    merges: HashMap<(u32, u32), (u32, u32)>,
+    byte_ids: [u32; 256],
+    /// Special tokens as (text, id), longest first.
+    specials: Vec<(String, u32)>,
+    cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
+}
+
+fn format_err(path: &Path, msg: impl Into<String>) -> TokenizerError {
+    TokenizerError::Format { path: path.to_owned(), msg: msg.into() }
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_owned(), source })
+}
+
+impl Tokenizer {
+    /// Load from a model folder: `tokenizer.json` if present, else `vocab.json` + `merges.txt`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let tj = dir.join("tokenizer.json");
+        if tj.is_file() {
+            return Self::from_tokenizer_json(&tj);
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if vocab.is_file() && merges.is_file() {
+            return Self::from_vocab_merges(&vocab, &merges);
+        }
+        Err(format_err(dir, "no tokenizer.json, and no vocab.json + merges.txt"))
+    }
+
+    /// Load HF `tokenizer.json` (byte-level BPE only).
+    pub fn from_tokenizer_json(path: &Path) -> Result<Self> {
+        let root: Value = serde_json::from_str(&read(path)?).map_err(|e| format_err(path, format!("invalid JSON: {e}")))?;
+        let model = &root["model"];
+        if model["type"].as_str() != Some("BPE") {
+            return Err(format_err(path, format!("model type {} is not supported (only BPE)", model["type"])));
+        }
+        let pre = &root["pre_tokenizer"];
+        if pre["type"].as_str() != Some("ByteLevel") || pre["add_prefix_space"].as_bool() == Some(true) {
+            return Err(format_err(
+                path,
+                format!("pre_tokenizer {pre} is not supported (only GPT-2 ByteLevel without prefix space)"),
+            ));
+        }
+        let vocab = model["vocab"].as_object().ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
+        let vocab: Vec<(String, u32)> = vocab
+            .iter()
+            .map(|(k, v)| {
+                let id = v.as_u64().and_then(|v| u32::try_from(v).ok());
+                id.map(|id| (k.clone(), id)).ok_or_else(|| format_err(path, format!("vocab id of {k:?} is not a u32")))
+            })
+            .collect::<Result<_>>()?;
+        let merges_v = model["merges"].as_array().ok_or_else(|| format_err(path, "model.merges is not an array"))?;
+        let mut merges = Vec::with_capacity(merges_v.len());
+        for m in merges_v {
+            let pair = match m {
+                Value::String(s) => s.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())),
+                Value::Array(a) if a.len() == 2 => match (a[0].as_str(), a[1].as_str()) {
+                    (Some(x), Some(y)) => Some((x.to_owned(), y.to_owned())),
+                    _ => None,
+                },
+                _ => None,
+            };
+            merges.push(pair.ok_or_else(|| format_err(path, format!("malformed merge {m}")))?);
+        }
+        let mut specials = Vec::new();
+        for t in root["added_tokens"].as_array().into_iter().flatten() {
+            if let (Some(content), Some(id)) = (t["content"].as_str(), t["id"].as_u64()) {
+                let id = u32::try_from(id).map_err(|_| format_err(path, "added token id is not a u32"))?;
+                specials.push((content.to_owned(), id));
+            }
+        }
+        Self::build(path, vocab, merges, specials)
+    }
+
+    /// Load OpenAI's original files: `vocab.json` (encoder.json) and `merges.txt` (vocab.bpe).
+    pub fn from_vocab_merges(vocab_path: &Path, merges_path: &Path) -> Result<Self> {
+        let vocab: HashMap<String, u32> =
+            serde_json::from_str(&read(vocab_path)?).map_err(|e| format_err(vocab_path, format!("invalid vocab: {e}")))?;
+        let text = read(merges_path)?;
+        let mut merges = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if (n == 0 && line.starts_with("#version")) || line.is_empty() {
+                continue;
+            }
+            let (a, b) = line
+                .split_once(' ')
+                .ok_or_else(|| format_err(merges_path, format!("line {}: expected two tokens", n + 1)))?;
+            merges.push((a.to_owned(), b.to_owned()));
+        }
+        // GPT-2's one special token lives in vocab.json; mark it special as HF does.
+        let specials = vocab
+            .get("<|endoftext|>")
+            .map(|&id| vec![("<|endoftext|>".to_owned(), id)])
+            .unwrap_or_default();
+        Self::build(vocab_path, vocab.into_iter().collect(), merges, specials)
+    }
+
+    fn build(
+        path: &Path,
+        vocab: Vec<(String, u32)>,
+        merges: Vec<(String, String)>,
+        mut specials: Vec<(String, u32)>,
+    ) -> Result<Self> {
+        let table = byte_level::byte_to_char_table();
+        let special_ids: HashMap<u32, &str> = specials.iter().map(|(s, id)| (*id, s.as_str())).collect();
+        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.1)).max().unwrap_or(0);
+        if max_id > 10_000_000 {
+            return Err(format_err(path, format!("token id {max_id} is implausibly large")));
+        }
+        let mut decoder = vec![Vec::new(); max_id as usize + 1];
+        let mut encoder = HashMap::with_capacity(vocab.len());
+        for (token, id) in &vocab {
+            let bytes = match special_ids.get(id) {
+                Some(s) => s.as_bytes().to_vec(),
+                None => byte_level::token_string_to_bytes(token, &table)
+                    .ok_or_else(|| format_err(path, format!("vocab token {token:?} is not byte-level text")))?,
+            };
+            decoder[*id as usize] = bytes.clone();
+            encoder.insert(bytes, *id);
+        }
+        for (s, id) in &specials {
+            decoder[*id as usize] = s.as_bytes().to_vec();
+        }
+        let mut byte_ids = [0u32; 256];
+        for b in 0..=255u8 {
+            byte_ids[b as usize] = *encoder
+                .get(&[b][..])
+                .ok_or_else(|| format_err(path, format!("vocabulary lacks the single byte {b:#04x}")))?;
+        }
+        let lookup = |s: &str| -> Result<u32> {
+            let bytes = byte_level::token_string_to_bytes(s, &table)
+                .ok_or_else(|| format_err(path, format!("merge token {s:?} is not byte-level text")))?;
+            encoder.get(&bytes).copied().ok_or_else(|| format_err(path, format!("merge token {s:?} is not in the vocabulary")))
+        };
+        let mut merge_map = HashMap::with_capacity(merges.len());
+        for (rank, (a, b)) in merges.iter().enumerate() {
+            let merged = lookup(&format!("{a}{b}"))?;
+            merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
+        }
+        specials.sort_by_key(|(s, _)| Reverse(s.len()));
+        Ok(Tokenizer {
+            encoder,
+            decoder,
+            merges: merge_map,
+            byte_ids,
+            specials,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Number of ids (one past the largest token id).
+    pub fn vocab_size(&self) -> usize {
+        self.decoder.len()
+    }
+
+    /// The id of a special token such as `<|endoftext|>`.
+    pub fn special_id(&self, text: &str) -> Option<u32> {
+        self.specials.iter().find(|(s, _)| s == text).map(|s| s.1)
+    }
+
+    /// Encode, mapping special-token text (`<|endoftext|>`) to its id, like HF's default `encode`.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let mut ids = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let next = self
+                .specials
+                .iter()
+                .filter_map(|(s, id)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
+                .min_by_key(|&(at, len, _)| (at, Reverse(len)));
+            match next {
+                Some((at, len, id)) => {
+                    self.encode_ordinary_into(&rest[..at], &mut ids);
+                    ids.push(id);
+                    rest = &rest[at + len..];
+                }
+                None => {
+                    self.encode_ordinary_into(rest, &mut ids);
+                    break;
+                }
+            }
+        }
+        ids
+    }
+
+    /// Encode treating every character as text (special-token text is spelled out), like
+    /// tiktoken's `encode_ordinary`.
+    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+        let mut ids = Vec::new();
+        self.encode_ordinary_into(text, &mut ids);
+        ids
+    }
+
+    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
+        for piece in pre_tokenize(text) {
+            let bytes = piece.as_bytes();
+            if let Some(&id) = self.encoder.get(bytes) {
+                out.push(id);
+                continue;
+            }
+            if bytes.len() <= CACHE_MAX_WORD {
+                let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(ids) = cache.get(bytes) {
+                    out.extend_from_slice(ids);
+                    continue;
+                }
+            }
+            let start = out.len();
+            self.bpe(bytes, out);
+            if bytes.len() <= CACHE_MAX_WORD {
+                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+                if cache.len() >= CACHE_MAX_ENTRIES {
+                    cache.clear();
+                }
+                cache.insert(bytes.to_vec(), out[start..].to_vec());
+            }
+        }
+    }
+
+    /// Byte-pair merging of one pre-token: repeatedly merge the adjacent pair of lowest
+    /// rank (leftmost first). A heap over candidate pairs plus a linked list of symbols
+    /// keeps this O(n log n) even for very long words.
+    fn bpe(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        const NONE: usize = usize::MAX;
+        struct Sym {
+            id: u32,
+            prev: usize,
+            next: usize,
+            alive: bool,
+        }
+        let n = bytes.len();
+        let mut syms: Vec<Sym> = bytes
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| Sym {
+                id: self.byte_ids[b as usize],
+                prev: if i == 0 { NONE } else { i - 1 },
+                next: if i + 1 == n { NONE } else { i + 1 },
+                alive: true,
+            })
+            .collect();
+        // (rank, left position, left id, right id), smallest first.
+        let mut heap = BinaryHeap::new();
+        let push_pair = |heap: &mut BinaryHeap<Reverse<(u32, usize, u32, u32)>>, syms: &[Sym], left: usize| {
+            let right = syms[left].next;
+            if right == NONE {
+                return;
+            }
+            if let Some(&(rank, _)) = self.merges.get(&(syms[left].id, syms[right].id)) {
+                heap.push(Reverse((rank, left, syms[left].id, syms[right].id)));
+            }
+        };
+        for i in 0..n.saturating_sub(1) {
+            push_pair(&mut heap, &syms, i);
+        }
+        while let Some(Reverse((_, left, left_id, right_id))) = heap.pop() {
+            let right = syms[left].next;
+            // Skip stale candidates whose symbols have since been merged away.
+            if !syms[left].alive || syms[left].id != left_id || right == NONE || syms[right].id != right_id {
+                continue;
+            }
+            let (_, merged) = self.merges[&(left_id, right_id)];
+            syms[left].id = merged;
+            syms[right].alive = false;
+            let after = syms[right].next;
+            syms[left].next = after;
+            if after != NONE {
+                syms[after].prev = left;
+            }
+            let before = syms[left].prev;
+            if before != NONE {
+                push_pair(&mut heap, &syms, before);
+            }
+            push_pair(&mut heap, &syms, left);
+        }
+        let mut i = 0;
+        while i != NONE {
+            out.push(syms[i].id);
+            i = syms[i].next;
+        }
+    }
+
+    /// The raw bytes of one token.
+    pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
+        match self.decoder.get(id as usize) {
+            Some(b) if !b.is_empty() => Ok(b),
+            _ => Err(TokenizerError::BadId { id, vocab_size: self.decoder.len() }),
+        }
+    }
+
+    /// Concatenated raw bytes of `ids` (may end inside a UTF-8 character).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for &id in ids {
+            out.extend_from_slice(self.token_bytes(id)?);
+        }
+        Ok(out)
+    }
+
+    /// Decode to text; invalid UTF-8 becomes U+FFFD (HF's behaviour).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Tokenizer {
+        let mut vocab: Vec<(String, u32)> = (0..=255u8)
+            .map(|b| (byte_level::byte_to_char_table()[b as usize].to_string(), b as u32))
+            .collect();
+        vocab.extend([("aa".into(), 256), ("aaa".into(), 257), ("ab".into(), 258)]);
+        let merges = vec![("a".into(), "a".into()), ("aa".into(), "a".into()), ("a".into(), "b".into())];
+        Tokenizer::build(Path::new("test"), vocab, merges, vec![]).unwrap()
+    }
+
+    #[test]
+    fn merges_by_rank_leftmost_first() {
+        let t = tiny();
+        assert_eq!(t.encode("aaaa"), [256, 256]);
+        assert_eq!(t.encode("aaa"), [257]);
+        assert_eq!(t.encode("aab"), [256, 98]);
+        assert_eq!(t.encode("ab"), [258]);
+        assert!(t.decode(&[9999]).is_err());
+    }
+}
