@@ -40,7 +40,11 @@ pub struct HostMatrix {
 
 impl HostMatrix {
     pub fn zeros(rows: usize, cols: usize) -> Self {
-        HostMatrix { rows, cols, data: vec![0.0; rows * cols] }
+        HostMatrix {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        }
     }
 
     pub fn row(&self, r: usize) -> &[f32] {
@@ -64,12 +68,23 @@ pub trait Backend: Sync {
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<Self::Matrix>;
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
+    fn new_kv_cache(
+        &self,
+        n_layer: usize,
+        capacity: usize,
+        width: usize,
+    ) -> anyhow::Result<Self::KvCache>;
 
     /// Rows `ids` of an `OutIn` table: (T, cols). Ids are checked by the caller.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Self::Act;
     /// Per-row LayerNorm with gain and shift.
-    fn layer_norm(&self, x: &Self::Act, gain: &Self::Vector, shift: &Self::Vector, eps: f32) -> Self::Act;
+    fn layer_norm(
+        &self,
+        x: &Self::Act,
+        gain: &Self::Vector,
+        shift: &Self::Vector,
+        eps: f32,
+    ) -> Self::Act;
     /// `x @ W (+ bias)`: (T, in) → (T, out).
     fn linear(&self, x: &Self::Act, w: &Self::Matrix, bias: Option<&Self::Vector>) -> Self::Act;
     /// GELU, tanh approximation, in place.

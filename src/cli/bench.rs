@@ -25,10 +25,20 @@ pub struct BenchArgs {
     #[arg(long)]
     random: Option<String>,
     /// Prompt lengths to test (pp); 0 skips.
-    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
     n_prompt: Vec<usize>,
     /// Generation lengths to test (tg); 0 skips.
-    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
     n_gen: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
@@ -45,33 +55,52 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (label, config, store) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;
-            let store = WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
+            let store =
+                WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
             (format!("{name} (random)"), config, store)
         }
         (None, model) => {
-            let model = model.as_deref().unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
+            let model = model
+                .as_deref()
+                .unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
             let dir = super::model_dir(model, true)?;
             let config = Gpt2Config::from_file(&dir.join("config.json"))?;
             (model.to_owned(), config, WeightStore::open_dir(&dir)?)
         }
     };
     match args.backend {
-        BackendChoice::Cpu | BackendChoice::Reference => bench_on(ReferenceBackend, &args, &label, config, &store),
+        BackendChoice::Cpu | BackendChoice::Reference => {
+            bench_on(ReferenceBackend, &args, &label, config, &store)
+        }
     }
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let mean = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (mean, var.sqrt())
 }
 
-fn bench_on<B: Backend>(backend: B, args: &BenchArgs, label: &str, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<()> {
+fn bench_on<B: Backend>(
+    backend: B,
+    args: &BenchArgs,
+    label: &str,
+    config: Gpt2Config,
+    store: &WeightStore,
+) -> anyhow::Result<()> {
     let size_gib = store.data_bytes() as f64 / (1u64 << 30) as f64;
     let params_m = config.n_params() as f64 / 1e6;
     let model = Gpt2::load(&backend, config, store)?;
     let n_ctx = model.config.n_positions;
-    let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
+    let threads = if args.threads.is_empty() {
+        vec![rayon::current_num_threads()]
+    } else {
+        args.threads.clone()
+    };
     println!("| model | size | params | backend | dtype | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
@@ -79,30 +108,61 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, label: &str, config: Gpt2C
     for &t in &threads {
         anyhow::ensure!(t > 0, "-t must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
-        let tests = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| ("pp", n))
+        let tests = args
+            .n_prompt
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| ("pp", n))
             .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
         for (kind, n) in tests {
-            anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx}");
+            anyhow::ensure!(
+                n <= n_ctx,
+                "{kind}{n} exceeds the model's context of {n_ctx}"
+            );
             let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut rates = Vec::new();
             for rep in 0..=args.repetitions {
-                let seconds = pool.install(|| -> anyhow::Result<f64> {
-                    let mut cache = model.new_cache(&backend, n)?;
-                    let start = Instant::now();
-                    if kind == "pp" {
-                        let seqs = [SeqSlice { rows: 0..n, start_pos: 0 }];
-                        let logits = model.forward(&backend, &Batch { tokens: &tokens, seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
-                        backend.to_host(&logits)?;
-                    } else {
-                        let mut next = tokens[0];
-                        for pos in 0..n {
-                            let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
-                            let logits = model.forward(&backend, &Batch { tokens: &[next], seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
-                            next = argmax(backend.to_host(&logits)?.row(0));
+                let seconds = pool
+                    .install(|| -> anyhow::Result<f64> {
+                        let mut cache = model.new_cache(&backend, n)?;
+                        let start = Instant::now();
+                        if kind == "pp" {
+                            let seqs = [SeqSlice {
+                                rows: 0..n,
+                                start_pos: 0,
+                            }];
+                            let logits = model.forward(
+                                &backend,
+                                &Batch {
+                                    tokens: &tokens,
+                                    seqs: &seqs,
+                                },
+                                &mut [&mut cache],
+                                LogitRows::LastOfEachSeq,
+                            )?;
+                            backend.to_host(&logits)?;
+                        } else {
+                            let mut next = tokens[0];
+                            for pos in 0..n {
+                                let seqs = [SeqSlice {
+                                    rows: 0..1,
+                                    start_pos: pos,
+                                }];
+                                let logits = model.forward(
+                                    &backend,
+                                    &Batch {
+                                        tokens: &[next],
+                                        seqs: &seqs,
+                                    },
+                                    &mut [&mut cache],
+                                    LogitRows::LastOfEachSeq,
+                                )?;
+                                next = argmax(backend.to_host(&logits)?.row(0));
+                            }
                         }
-                    }
-                    Ok(start.elapsed().as_secs_f64())
-                }).with_context(|| format!("running {kind}{n}"))?;
+                        Ok(start.elapsed().as_secs_f64())
+                    })
+                    .with_context(|| format!("running {kind}{n}"))?;
                 if rep > 0 {
                     rates.push(n as f64 / seconds);
                 }

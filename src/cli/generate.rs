@@ -32,13 +32,13 @@ pub struct GenerateArgs {
     #[arg(long)]
     greedy: bool,
     /// Softmax temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample among the K most likely tokens only; 0 turns the cut off.
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1].
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// RNG seed for sampling (default: from the clock; printed with --json).
     #[arg(long)]
@@ -62,7 +62,9 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     super::set_threads(args.threads)?;
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
     });
     let sampling = SamplingParams {
         temperature: if args.greedy { 0.0 } else { args.temperature },
@@ -76,17 +78,33 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
 }
 
-fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
+fn run_on<B: Backend>(
+    backend: B,
+    args: &GenerateArgs,
+    sampling: SamplingParams,
+) -> anyhow::Result<()> {
     let load_start = Instant::now();
     let dir = super::model_dir(&args.model, true)?;
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = engine.tokenizer()?;
-    let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
-    let prompt_ids = if prompt.is_empty() { vec![engine.model.config.bos_token_id] } else { tok.encode(prompt) };
+    let prompt = args
+        .prompt
+        .as_deref()
+        .or(args.prompt_pos.as_deref())
+        .unwrap_or("");
+    let prompt_ids = if prompt.is_empty() {
+        vec![engine.model.config.bos_token_id]
+    } else {
+        tok.encode(prompt)
+    };
     let eos = engine.model.config.eos_token_id;
 
-    let params = GenerateParams { max_new_tokens: args.max_new_tokens, sampling: sampling.clone(), ignore_eos: args.ignore_eos };
+    let params = GenerateParams {
+        max_new_tokens: args.max_new_tokens,
+        sampling: sampling.clone(),
+        ignore_eos: args.ignore_eos,
+    };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut stream = StreamDecoder::new();
@@ -97,7 +115,8 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
         }
         let piece = stream.push(tok.token_bytes(id)?);
         if !args.json {
-            out.write_all(piece.as_bytes()).context("writing to stdout")?;
+            out.write_all(piece.as_bytes())
+                .context("writing to stdout")?;
             out.flush().context("writing to stdout")?;
         }
         text.push_str(&piece);
@@ -107,7 +126,10 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
     text.push_str(&tail);
 
     let n_new = result.generated_ids.len();
-    let (prefill_s, decode_s) = (result.timings.prefill.as_secs_f64(), result.timings.decode.as_secs_f64());
+    let (prefill_s, decode_s) = (
+        result.timings.prefill.as_secs_f64(),
+        result.timings.decode.as_secs_f64(),
+    );
     let decode_steps = n_new.saturating_sub(1);
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     if args.json {

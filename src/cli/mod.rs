@@ -12,7 +12,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use batch_forge::loaders::{self, hub::HubClient};
 
 #[derive(Parser)]
-#[command(name = "forge", version, about = "batch_forge: GPT-2 inference, verified against Hugging Face transformers")]
+#[command(
+    name = "forge",
+    version,
+    about = "batch_forge: GPT-2 inference, verified against Hugging Face transformers"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,12 +70,17 @@ pub fn model_dir(model: &str, weights: bool) -> anyhow::Result<PathBuf> {
 pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {
         anyhow::ensure!(n > 0, "--threads must be at least 1");
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
     }
     Ok(())
 }
 
 /// Output to a closed pipe (`forge generate | head`) ends the program quietly.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

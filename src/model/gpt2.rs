@@ -23,10 +23,10 @@ use crate::loaders::{Gpt2Config, WeightStore};
 
 struct Block<B: Backend> {
     ln_1: (B::Vector, B::Vector),
-    c_attn: (B::Matrix, B::Vector), // C → 3C
+    c_attn: (B::Matrix, B::Vector),    // C → 3C
     attn_proj: (B::Matrix, B::Vector), // C → C
     ln_2: (B::Vector, B::Vector),
-    c_fc: (B::Matrix, B::Vector),    // C → 4C
+    c_fc: (B::Matrix, B::Vector),     // C → 4C
     mlp_proj: (B::Matrix, B::Vector), // 4C → C
 }
 
@@ -61,30 +61,57 @@ struct Names<'a> {
 impl<'a> Names<'a> {
     fn get(&self, name: &str, shape: &[usize]) -> anyhow::Result<TensorView<'a>> {
         let full = format!("{}{name}", self.prefix);
-        let t = self.store.get(&full).with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
-        ensure!(t.shape == shape, "tensor {full:?} has shape {:?}, expected {shape:?} for this config", t.shape);
+        let t = self
+            .store
+            .get(&full)
+            .with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
+        ensure!(
+            t.shape == shape,
+            "tensor {full:?} has shape {:?}, expected {shape:?} for this config",
+            t.shape
+        );
         Ok(t)
     }
 }
 
 impl<B: Backend> Gpt2<B> {
     pub fn load(backend: &B, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<Self> {
-        let prefix = if store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
+        let prefix = if store.get("transformer.wte.weight").is_some() {
+            "transformer."
+        } else {
+            ""
+        };
         let n = Names { store, prefix };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
         let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?);
-        let matrix = |name: &str, shape: [usize; 2], layout| backend.load_matrix(&n.get(name, &shape)?, layout);
-        let linear = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
-            Ok((matrix(&format!("{name}.weight"), [n_in, n_out], MatrixLayout::InOut)?, vector(&format!("{name}.bias"), n_out)?))
+        let matrix = |name: &str, shape: [usize; 2], layout| {
+            backend.load_matrix(&n.get(name, &shape)?, layout)
         };
+        let linear =
+            |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
+                Ok((
+                    matrix(
+                        &format!("{name}.weight"),
+                        [n_in, n_out],
+                        MatrixLayout::InOut,
+                    )?,
+                    vector(&format!("{name}.bias"), n_out)?,
+                ))
+            };
         let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
-            Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
+            Ok((
+                vector(&format!("{name}.weight"), c)?,
+                vector(&format!("{name}.bias"), c)?,
+            ))
         };
         if store.get("lm_head.weight").is_some() {
             // GPT-2 ties the head to wte; an untied head is not a GPT-2 checkpoint we know.
             let head = store.get("lm_head.weight").expect("checked");
             let wte = n.get("wte.weight", &[v, c])?;
-            ensure!(head.bytes == wte.bytes, "lm_head.weight differs from wte.weight: untied GPT-2 heads are not supported");
+            ensure!(
+                head.bytes == wte.bytes,
+                "lm_head.weight differs from wte.weight: untied GPT-2 heads are not supported"
+            );
         }
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -110,7 +137,11 @@ impl<B: Backend> Gpt2<B> {
 
     /// A KV cache for one sequence of up to `capacity` tokens.
     pub fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
-        ensure!(capacity <= self.config.n_positions, "KV cache of {capacity} exceeds the context {}", self.config.n_positions);
+        ensure!(
+            capacity <= self.config.n_positions,
+            "KV cache of {capacity} exceeds the context {}",
+            self.config.n_positions
+        );
         backend.new_kv_cache(self.config.n_layer, capacity, self.config.n_embd)
     }
 
@@ -127,20 +158,33 @@ impl<B: Backend> Gpt2<B> {
         let (tokens, seqs) = (batch.tokens, batch.seqs);
         ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            bail!("token id {bad} is out of range (vocabulary size {})", cfg.vocab_size);
+            bail!(
+                "token id {bad} is out of range (vocabulary size {})",
+                cfg.vocab_size
+            );
         }
         let mut positions = vec![0u32; tokens.len()];
         let mut covered = 0;
         for s in seqs {
-            ensure!(s.rows.start == covered && s.rows.end <= tokens.len(), "sequence slices must tile the batch in order");
+            ensure!(
+                s.rows.start == covered && s.rows.end <= tokens.len(),
+                "sequence slices must tile the batch in order"
+            );
             covered = s.rows.end;
             let end = s.start_pos + s.rows.len();
-            ensure!(end <= cfg.n_positions, "sequence of {end} tokens exceeds the model's context of {}", cfg.n_positions);
+            ensure!(
+                end <= cfg.n_positions,
+                "sequence of {end} tokens exceeds the model's context of {}",
+                cfg.n_positions
+            );
             for (i, r) in s.rows.clone().enumerate() {
                 positions[r] = (s.start_pos + i) as u32;
             }
         }
-        ensure!(covered == tokens.len(), "sequence slices must cover every token");
+        ensure!(
+            covered == tokens.len(),
+            "sequence slices must cover every token"
+        );
 
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
         let mut x = backend.embed(&self.wte, tokens); // (T, C)
@@ -149,20 +193,34 @@ impl<B: Backend> Gpt2<B> {
             // Attention sub-block.
             let h = backend.layer_norm(&x, &b.ln_1.0, &b.ln_1.1, cfg.layer_norm_epsilon); // (T, C)
             let qkv = backend.linear(&h, &b.c_attn.0, Some(&b.c_attn.1)); // (T, 3C)
-            let layer_scale = if cfg.scale_attn_by_inverse_layer_idx { scale / (layer + 1) as f32 } else { scale };
+            let layer_scale = if cfg.scale_attn_by_inverse_layer_idx {
+                scale / (layer + 1) as f32
+            } else {
+                scale
+            };
             let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale); // (T, C)
-            backend.add(&mut x, &backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)));
+            backend.add(
+                &mut x,
+                &backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)),
+            );
             // MLP sub-block.
             let h = backend.layer_norm(&x, &b.ln_2.0, &b.ln_2.1, cfg.layer_norm_epsilon); // (T, C)
             let mut up = backend.linear(&h, &b.c_fc.0, Some(&b.c_fc.1)); // (T, 4C)
             backend.gelu(&mut up);
-            backend.add(&mut x, &backend.linear(&up, &b.mlp_proj.0, Some(&b.mlp_proj.1))); // (T, C)
+            backend.add(
+                &mut x,
+                &backend.linear(&up, &b.mlp_proj.0, Some(&b.mlp_proj.1)),
+            ); // (T, C)
         }
         // Only the rows whose next token is wanted go through ln_f and the (V × C) head.
         let x = match which {
             LogitRows::All => x,
             LogitRows::LastOfEachSeq => {
-                let last: Vec<usize> = seqs.iter().filter(|s| !s.rows.is_empty()).map(|s| s.rows.end - 1).collect();
+                let last: Vec<usize> = seqs
+                    .iter()
+                    .filter(|s| !s.rows.is_empty())
+                    .map(|s| s.rows.end - 1)
+                    .collect();
                 backend.select_rows(&x, &last)
             }
         };

@@ -103,7 +103,10 @@ impl<'a> PreTokens<'a> {
         if end == self.text.len() {
             return end;
         }
-        let last_len = self.text[start..end].chars().next_back().map_or(0, char::len_utf8);
+        let last_len = self.text[start..end]
+            .chars()
+            .next_back()
+            .map_or(0, char::len_utf8);
         if end - start > last_len {
             end - last_len
         } else {
@@ -140,7 +143,10 @@ mod tests {
         assert_eq!(split("a   b"), ["a", "  ", " b"]);
         assert_eq!(split("a \n b"), ["a", " \n", " b"]);
         assert_eq!(split("trailing  "), ["trailing", "  "]);
-        assert_eq!(split("I'm it's we'll"), ["I", "'m", " it", "'s", " we", "'ll"]);
+        assert_eq!(
+            split("I'm it's we'll"),
+            ["I", "'m", " it", "'s", " we", "'ll"]
+        );
         assert_eq!(split("x1234y"), ["x", "1234", "y"]);
         assert_eq!(split(" ?!"), [" ?!"]);
         assert_eq!(split("\n\nHi"), ["\n", "\n", "Hi"]);

@@ -1,0 +1,311 @@
+//! The `forge` binary as a user runs it.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+fn forge(args: &[&str]) -> Output {
+    forge_env(args, &[])
+}
+
+fn forge_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_forge"));
+    cmd.args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", "/nonexistent-cache");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// A failed run: non-zero exit, one `error:` line, no panic.
+fn assert_clean_error(o: &Output, want: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "should fail: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "panic: {err}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(
+        lines[0].starts_with("error: ") && err.contains(want),
+        "{err} should mention {want:?}"
+    );
+}
+
+#[test]
+fn generate_json_matches_hf_greedy_ids() {
+    let model = fixture("tiny-gpt2");
+    for p in reference("tiny-gpt2")["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(1)
+        .take(3)
+    {
+        let o = forge(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            p["text"].as_str().unwrap(),
+            "--greedy",
+            "-n",
+            "40",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value =
+            serde_json::from_str(stdout(&o).trim()).expect("exactly one JSON object on stdout");
+        assert_eq!(ids(&v["prompt_ids"]), ids(&p["prompt_ids"]));
+        assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
+        assert_eq!(v["text"], p["generated_text"]);
+        assert_eq!(v["backend"], "cpu");
+        assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn generate_streams_valid_utf8_text_and_reports_speed() {
+    let model = fixture("tiny-gpt2");
+    let p = &reference("tiny-gpt2")["prompts"][6]; // CJK + emoji prompt
+    let o = forge(&[
+        "generate",
+        p["text"].as_str().unwrap(),
+        "-m",
+        model.to_str().unwrap(),
+        "--greedy",
+        "-n",
+        "40",
+        "--show-ids",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        format!("{}\n", p["generated_text"].as_str().unwrap())
+    );
+    let err = stderr(&o);
+    assert!(err.contains("tok/s on cpu"), "{err}");
+    assert!(
+        err.contains(&format!("generated ids: {:?}", ids(&p["generated_ids"]))),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_prompt_starts_from_endoftext() {
+    let model = fixture("tiny-gpt2-f16");
+    let p = &reference("tiny-gpt2-f16")["prompts"][0];
+    let o = forge(&[
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--greedy",
+        "-n",
+        "40",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(ids(&v["prompt_ids"]), [50256]);
+    assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
+}
+
+#[test]
+fn sampling_is_reproducible_with_a_seed_and_reference_backend_agrees() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let run = |seed: &str, backend: &str| {
+        let o = forge(&[
+            "generate",
+            "Hello",
+            "-m",
+            m,
+            "-n",
+            "20",
+            "--seed",
+            seed,
+            "--temperature",
+            "1.2",
+            "--top-k",
+            "50",
+            "--top-p",
+            "0.9",
+            "--backend",
+            backend,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        ids(&v["generated_ids"])
+    };
+    assert_eq!(run("7", "cpu"), run("7", "cpu"));
+    assert_eq!(run("7", "cpu"), run("7", "reference"));
+    assert_ne!(run("7", "cpu"), run("8", "cpu"));
+}
+
+#[test]
+fn context_limit_stops_with_a_message() {
+    let model = fixture("tiny-gpt2-hf-saved"); // n_positions 64
+    let p = &reference("tiny-gpt2-hf-saved")["prompts"][4]; // 60-token prompt: 4 tokens fit
+    let o = forge(&[
+        "generate",
+        "--prompt",
+        p["text"].as_str().unwrap(),
+        "-m",
+        model.to_str().unwrap(),
+        "--greedy",
+        "-n",
+        "40",
+        "--json",
+    ]);
+    assert!(o.status.success());
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 64 - 60);
+    assert_eq!(v["stop_reason"], "context_full");
+    assert!(stderr(&o).contains("context of 64 tokens is full"));
+    // A prompt longer than the context is refused up front.
+    let long = "hello ".repeat(100);
+    let o = forge(&["generate", &long, "-m", model.to_str().unwrap(), "-n", "5"]);
+    assert_clean_error(&o, "context is 64");
+}
+
+#[test]
+fn tokenize_prints_ids_and_handles_jsonl() {
+    let model = fixture("gpt2-tokenizer");
+    let m = model.to_str().unwrap();
+    let o = forge(&["tokenize", "Hello, world!", "--model", m]);
+    assert_eq!(stdout(&o), "[15496,11,995,0]\n");
+    let o = forge(&["tokenize", "a<|endoftext|>b", "--model", m]);
+    assert_eq!(stdout(&o), "[64,50256,65]\n");
+    let o = forge(&["tokenize", "a<|endoftext|>b", "--model", m, "--ordinary"]);
+    assert_eq!(stdout(&o), "[64,27,91,437,1659,5239,91,29,65]\n");
+
+    let cases = std::fs::read_to_string(fixture("gpt2-tokenizer/cases.jsonl")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["tokenize", "--jsonl", "--ordinary", "--model", m])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = cases.clone();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(o.status.success());
+    let got: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want: Vec<Value> = cases
+        .split('\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(g["ids"], w["ids"], "{}", w["text"]);
+    }
+}
+
+#[test]
+fn bad_arguments_and_missing_models_are_clean_errors() {
+    let m = fixture("tiny-gpt2");
+    let m = m.to_str().unwrap();
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", "./no/such/folder"]),
+        "does not exist",
+    );
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", m, "--temperature", "-1"]),
+        "temperature",
+    );
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", m, "--top-p", "1.5"]),
+        "top-p",
+    );
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", m, "--top-p", "0"]),
+        "top-p",
+    );
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", m, "--threads", "0"]),
+        "threads",
+    );
+    // A Hub id that is not cached, offline: says how to get the files.
+    let o = forge(&["generate", "hi", "-m", "someone/not-cached"]);
+    assert_clean_error(&o, "huggingface-cli download someone/not-cached");
+    // clap's own errors still exit non-zero without a panic.
+    let o = forge(&["generate", "--max-new-tokens", "many"]);
+    assert!(!o.status.success() && stderr(&o).starts_with("error:"));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn broken_model_folders_are_clean_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    copy_dir(&fixture("tiny-gpt2"), &dir);
+    let d = dir.to_str().unwrap();
+    let weights = dir.join("model.safetensors");
+    let good = std::fs::read(&weights).unwrap();
+
+    std::fs::write(&weights, &good[..good.len() - 100]).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "truncated");
+    std::fs::write(&weights, &good[..5]).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "too short");
+    let mut garbled = good.clone();
+    garbled[8..40].fill(b'#');
+    std::fs::write(&weights, &garbled).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "not valid JSON");
+    let mut huge = good.clone();
+    huge[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    std::fs::write(&weights, &huge).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "exceeds");
+    std::fs::write(&weights, &good).unwrap();
+
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"n_embd\": 64", "\"n_embd\": 128"),
+    )
+    .unwrap();
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", d]),
+        "has shape [64], expected [128]",
+    );
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"n_layer\": 2", "\"n_layer\": 3"),
+    )
+    .unwrap();
+    assert_clean_error(
+        &forge(&["generate", "hi", "-m", d]),
+        "\"h.2.ln_1.weight\" is missing",
+    );
+    std::fs::remove_file(dir.join("config.json")).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "no config.json");
+}
