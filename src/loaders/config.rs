@@ -110,7 +110,7 @@ impl Gpt2Config {
         if dims.iter().any(|&d| d > 1 << 24) {
             return Err("a dimension in config.json is implausibly large".into());
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(
                 "n_embd {} is not divisible by n_head {}",
                 self.n_embd, self.n_head

@@ -425,7 +425,7 @@ pub fn serialize(tensors: &[OwnedTensor], metadata: &BTreeMap<String, String>) -
         .expect("serializable")
         .into_bytes();
     // Pad the header with spaces so the data buffer is 8-byte aligned, as the reference writer does.
-    while (8 + json.len()) % 8 != 0 {
+    while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + json.len() + offset);
