@@ -15,9 +15,7 @@ fn forge(args: &[&str]) -> Output {
 
 fn forge_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_forge"));
-    cmd.args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_HUB_CACHE", "/nonexistent-cache");
+    cmd.args(args).env("HF_HUB_OFFLINE", "1").env("HF_HUB_CACHE", "/nonexistent-cache");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -36,28 +34,16 @@ fn stderr(o: &Output) -> String {
 fn assert_clean_error(o: &Output, want: &str) {
     let err = stderr(o);
     assert!(!o.status.success(), "should fail: {err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
-        "panic: {err}"
-    );
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic: {err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "one line expected: {err}");
-    assert!(
-        lines[0].starts_with("error: ") && err.contains(want),
-        "{err} should mention {want:?}"
-    );
+    assert!(lines[0].starts_with("error: ") && err.contains(want), "{err} should mention {want:?}");
 }
 
 #[test]
 fn generate_json_matches_hf_greedy_ids() {
     let model = fixture("tiny-gpt2");
-    for p in reference("tiny-gpt2")["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .skip(1)
-        .take(3)
-    {
+    for p in reference("tiny-gpt2")["prompts"].as_array().unwrap().iter().skip(1).take(3) {
         let o = forge(&[
             "generate",
             "--model",
@@ -70,8 +56,7 @@ fn generate_json_matches_hf_greedy_ids() {
             "--json",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
-        let v: Value =
-            serde_json::from_str(stdout(&o).trim()).expect("exactly one JSON object on stdout");
+        let v: Value = serde_json::from_str(stdout(&o).trim()).expect("exactly one JSON object on stdout");
         assert_eq!(ids(&v["prompt_ids"]), ids(&p["prompt_ids"]));
         assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
         assert_eq!(v["text"], p["generated_text"]);
@@ -95,31 +80,17 @@ fn generate_streams_valid_utf8_text_and_reports_speed() {
         "--show-ids",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(
-        stdout(&o),
-        format!("{}\n", p["generated_text"].as_str().unwrap())
-    );
+    assert_eq!(stdout(&o), format!("{}\n", p["generated_text"].as_str().unwrap()));
     let err = stderr(&o);
     assert!(err.contains("tok/s on cpu"), "{err}");
-    assert!(
-        err.contains(&format!("generated ids: {:?}", ids(&p["generated_ids"]))),
-        "{err}"
-    );
+    assert!(err.contains(&format!("generated ids: {:?}", ids(&p["generated_ids"]))), "{err}");
 }
 
 #[test]
 fn empty_prompt_starts_from_endoftext() {
     let model = fixture("tiny-gpt2-f16");
     let p = &reference("tiny-gpt2-f16")["prompts"][0];
-    let o = forge(&[
-        "generate",
-        "-m",
-        model.to_str().unwrap(),
-        "--greedy",
-        "-n",
-        "40",
-        "--json",
-    ]);
+    let o = forge(&["generate", "-m", model.to_str().unwrap(), "--greedy", "-n", "40", "--json"]);
     let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(ids(&v["prompt_ids"]), [50256]);
     assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
@@ -209,15 +180,9 @@ fn tokenize_prints_ids_and_handles_jsonl() {
     let o = child.wait_with_output().unwrap();
     writer.join().unwrap();
     assert!(o.status.success());
-    let got: Vec<Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let want: Vec<Value> = cases
-        .split('\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let got: Vec<Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let want: Vec<Value> =
+        cases.split('\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(&want) {
         assert_eq!(g["ids"], w["ids"], "{}", w["text"]);
@@ -228,26 +193,11 @@ fn tokenize_prints_ids_and_handles_jsonl() {
 fn bad_arguments_and_missing_models_are_clean_errors() {
     let m = fixture("tiny-gpt2");
     let m = m.to_str().unwrap();
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", "./no/such/folder"]),
-        "does not exist",
-    );
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", m, "--temperature", "-1"]),
-        "temperature",
-    );
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", m, "--top-p", "1.5"]),
-        "top-p",
-    );
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", m, "--top-p", "0"]),
-        "top-p",
-    );
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", m, "--threads", "0"]),
-        "threads",
-    );
+    assert_clean_error(&forge(&["generate", "hi", "-m", "./no/such/folder"]), "does not exist");
+    assert_clean_error(&forge(&["generate", "hi", "-m", m, "--temperature", "-1"]), "temperature");
+    assert_clean_error(&forge(&["generate", "hi", "-m", m, "--top-p", "1.5"]), "top-p");
+    assert_clean_error(&forge(&["generate", "hi", "-m", m, "--top-p", "0"]), "top-p");
+    assert_clean_error(&forge(&["generate", "hi", "-m", m, "--threads", "0"]), "threads");
     // A Hub id that is not cached, offline: says how to get the files.
     let o = forge(&["generate", "hi", "-m", "someone/not-cached"]);
     assert_clean_error(&o, "huggingface-cli download someone/not-cached");
@@ -288,24 +238,10 @@ fn broken_model_folders_are_clean_errors() {
     std::fs::write(&weights, &good).unwrap();
 
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        config.replace("\"n_embd\": 64", "\"n_embd\": 128"),
-    )
-    .unwrap();
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", d]),
-        "has shape [64], expected [128]",
-    );
-    std::fs::write(
-        dir.join("config.json"),
-        config.replace("\"n_layer\": 2", "\"n_layer\": 3"),
-    )
-    .unwrap();
-    assert_clean_error(
-        &forge(&["generate", "hi", "-m", d]),
-        "\"h.2.ln_1.weight\" is missing",
-    );
+    std::fs::write(dir.join("config.json"), config.replace("\"n_embd\": 64", "\"n_embd\": 128")).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "has shape [64], expected [128]");
+    std::fs::write(dir.join("config.json"), config.replace("\"n_layer\": 2", "\"n_layer\": 3")).unwrap();
+    assert_clean_error(&forge(&["generate", "hi", "-m", d]), "\"h.2.ln_1.weight\" is missing");
     std::fs::remove_file(dir.join("config.json")).unwrap();
     assert_clean_error(&forge(&["generate", "hi", "-m", d]), "no config.json");
 }

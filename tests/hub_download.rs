@@ -21,10 +21,7 @@ use tiny_http::{Header, Response, Server};
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 struct FakeHub {
@@ -65,14 +62,10 @@ fn serve(repos: HashMap<String, HashMap<String, Vec<u8>>>, corrupt: bool) -> Fak
                 continue;
             }
             let found = url.split_once("/resolve/main/").and_then(|(repo, file)| {
-                repos
-                    .get(repo.trim_start_matches('/'))
-                    .and_then(|r| r.get(file))
-                    .map(|b| (file.to_owned(), b.clone()))
+                repos.get(repo.trim_start_matches('/')).and_then(|r| r.get(file)).map(|b| (file.to_owned(), b.clone()))
             });
             let Some((file, bytes)) = found else {
-                rq.respond(Response::from_string("Entry not found").with_status_code(404))
-                    .unwrap();
+                rq.respond(Response::from_string("Entry not found").with_status_code(404)).unwrap();
                 continue;
             };
             let sha = sha256(&bytes);
@@ -83,24 +76,16 @@ fn serve(repos: HashMap<String, HashMap<String, Vec<u8>>>, corrupt: bool) -> Fak
                     .with_header(header("X-Linked-Etag", &format!("\"{sha}\"")))
                     .with_header(header("X-Linked-Size", &bytes.len().to_string()))
             } else {
-                Response::from_data(bytes)
-                    .with_header(header("ETag", &format!("\"{}\"", &sha[..40])))
+                Response::from_data(bytes).with_header(header("ETag", &format!("\"{}\"", &sha[..40])))
             };
-            rq.respond(resp.with_header(header("X-Repo-Commit", COMMIT)))
-                .unwrap();
+            rq.respond(resp.with_header(header("X-Repo-Commit", COMMIT))).unwrap();
         }
     });
-    FakeHub {
-        endpoint: format!("http://127.0.0.1:{port}"),
-        auth,
-    }
+    FakeHub { endpoint: format!("http://127.0.0.1:{port}"), auth }
 }
 
 fn files_of(dir: &Path, names: &[&str]) -> HashMap<String, Vec<u8>> {
-    names
-        .iter()
-        .map(|n| (n.to_string(), std::fs::read(dir.join(n)).unwrap()))
-        .collect()
+    names.iter().map(|n| (n.to_string(), std::fs::read(dir.join(n)).unwrap())).collect()
 }
 
 fn client(endpoint: &str, cache: &Path) -> HubClient {
@@ -115,65 +100,37 @@ fn client(endpoint: &str, cache: &Path) -> HubClient {
 
 fn greedy_ids(dir: &Path, prompt: &[u32]) -> Vec<u32> {
     let engine = Engine::load_dir(ReferenceBackend, dir).unwrap();
-    let params = GenerateParams {
-        max_new_tokens: 40,
-        sampling: SamplingParams::greedy(),
-        ignore_eos: false,
-    };
-    engine
-        .generate(prompt, &params, |_| Ok(()))
-        .unwrap()
-        .generated_ids
+    let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+    engine.generate(prompt, &params, |_| Ok(())).unwrap().generated_ids
 }
 
-const MODEL_FILES: [&str; 4] = [
-    "config.json",
-    "tokenizer.json",
-    "model.safetensors",
-    "generation_config.json",
-];
+const MODEL_FILES: [&str; 4] = ["config.json", "tokenizer.json", "model.safetensors", "generation_config.json"];
 
 #[test]
 fn downloads_into_the_hf_cache_layout_and_reuses_it_offline() {
     let src = fixture("tiny-gpt2");
-    let hub = serve(
-        HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]),
-        false,
-    );
+    let hub = serve(HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]), false);
     let cache = tempfile::tempdir().unwrap();
     let dir = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true).unwrap();
 
     let repo = cache.path().join("models--org--tiny");
     assert_eq!(dir, repo.join("snapshots").join(COMMIT));
-    assert_eq!(
-        std::fs::read_to_string(repo.join("refs/main")).unwrap(),
-        COMMIT
-    );
+    assert_eq!(std::fs::read_to_string(repo.join("refs/main")).unwrap(), COMMIT);
     let weights = std::fs::read(src.join("model.safetensors")).unwrap();
     let blob = repo.join("blobs").join(sha256(&weights));
     assert_eq!(std::fs::read(&blob).unwrap(), weights);
     let link = std::fs::read_link(dir.join("model.safetensors")).unwrap();
     assert_eq!(link, PathBuf::from("../../blobs").join(sha256(&weights)));
-    assert!(std::fs::read_dir(repo.join("blobs")).unwrap().all(|e| {
-        !e.unwrap()
-            .file_name()
-            .to_string_lossy()
-            .ends_with(".incomplete")
-    }));
     assert!(
-        hub.auth
-            .lock()
+        std::fs::read_dir(repo.join("blobs"))
             .unwrap()
-            .iter()
-            .all(|a| a == "Bearer hf_test_token")
+            .all(|e| { !e.unwrap().file_name().to_string_lossy().ends_with(".incomplete") })
     );
+    assert!(hub.auth.lock().unwrap().iter().all(|a| a == "Bearer hf_test_token"));
     assert!(!hub.auth.lock().unwrap().is_empty());
 
     let p = &reference("tiny-gpt2")["prompts"][2];
-    assert_eq!(
-        greedy_ids(&dir, &ids(&p["prompt_ids"])),
-        ids(&p["generated_ids"])
-    );
+    assert_eq!(greedy_ids(&dir, &ids(&p["prompt_ids"])), ids(&p["generated_ids"]));
 
     // Offline, and with the server gone: served from the cache.
     let mut offline = client("http://127.0.0.1:9", cache.path());
@@ -186,31 +143,16 @@ fn downloads_into_the_hf_cache_layout_and_reuses_it_offline() {
 #[test]
 fn unreachable_hub_without_cache_says_how_to_get_files() {
     let cache = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let e = resolve_model(
-        "org/absent",
-        &client(&format!("http://127.0.0.1:{port}"), cache.path()),
-        true,
-    )
-    .unwrap_err();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let e = resolve_model("org/absent", &client(&format!("http://127.0.0.1:{port}"), cache.path()), true).unwrap_err();
     let msg = format!("{e:#}");
-    assert!(
-        msg.contains("cannot reach the Hub") && msg.contains("huggingface-cli download org/absent"),
-        "{msg}"
-    );
+    assert!(msg.contains("cannot reach the Hub") && msg.contains("huggingface-cli download org/absent"), "{msg}");
 }
 
 #[test]
 fn corrupt_download_is_rejected_and_leaves_no_blob() {
     let src = fixture("tiny-gpt2");
-    let hub = serve(
-        HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]),
-        true,
-    );
+    let hub = serve(HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]), true);
     let cache = tempfile::tempdir().unwrap();
     let e = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true).unwrap_err();
     assert!(format!("{e:#}").contains("sha256"), "{e:#}");
@@ -233,12 +175,7 @@ fn sharded(src: &Path) -> HashMap<String, Vec<u8>> {
             .iter()
             .map(|n| {
                 let t = f.get(n).unwrap();
-                OwnedTensor {
-                    name: n.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.to_vec(),
-                    bytes: t.bytes.to_vec(),
-                }
+                OwnedTensor { name: n.clone(), dtype: t.dtype, shape: t.shape.to_vec(), bytes: t.bytes.to_vec() }
             })
             .collect();
         for n in chunk {
@@ -247,19 +184,13 @@ fn sharded(src: &Path) -> HashMap<String, Vec<u8>> {
         files.insert(shard, serialize(&tensors, &Default::default()));
     }
     let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
-    files.insert(
-        "model.safetensors.index.json".into(),
-        index.to_string().into_bytes(),
-    );
+    files.insert("model.safetensors.index.json".into(), index.to_string().into_bytes());
     files
 }
 
 #[test]
 fn sharded_checkpoints_download_and_match_hf_via_the_cli() {
-    let hub = serve(
-        HashMap::from([("org/sharded".to_string(), sharded(&fixture("tiny-gpt2")))]),
-        false,
-    );
+    let hub = serve(HashMap::from([("org/sharded".to_string(), sharded(&fixture("tiny-gpt2")))]), false);
     let cache = tempfile::tempdir().unwrap();
     let p = &reference("tiny-gpt2")["prompts"][1];
     let o = Command::new(env!("CARGO_BIN_EXE_forge"))
@@ -282,10 +213,7 @@ fn sharded_checkpoints_download_and_match_hf_via_the_cli() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
-    let snap = cache
-        .path()
-        .join("models--org--sharded/snapshots")
-        .join(COMMIT);
+    let snap = cache.path().join("models--org--sharded/snapshots").join(COMMIT);
     assert!(snap.join("model-00002-of-00002.safetensors").is_file());
     assert!(!snap.join("model.safetensors").exists());
 }

@@ -18,34 +18,16 @@ fn greedy_ids_match_hf_for_every_checkpoint_and_prompt() {
             let text = p["text"].as_str().unwrap();
             let prompt_ids = ids(&p["prompt_ids"]);
             let tok = engine.tokenizer().unwrap();
-            let encoded = if text.is_empty() {
-                vec![50256]
-            } else {
-                tok.encode(text)
-            };
+            let encoded = if text.is_empty() { vec![50256] } else { tok.encode(text) };
             assert_eq!(encoded, prompt_ids, "{ckpt}: prompt ids of {text:?}");
-            let params = GenerateParams {
-                max_new_tokens: 40,
-                sampling: SamplingParams::greedy(),
-                ignore_eos: false,
-            };
+            let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
             let g = engine.generate(&prompt_ids, &params, |_| Ok(())).unwrap();
             let want = ids(&p["generated_ids"]);
-            assert_eq!(
-                g.generated_ids, want,
-                "{ckpt}: greedy continuation of {text:?}"
-            );
+            assert_eq!(g.generated_ids, want, "{ckpt}: greedy continuation of {text:?}");
             if want.len() < 40 {
-                assert_eq!(
-                    g.stop,
-                    StopReason::ContextFull,
-                    "{ckpt}: {text:?} should stop at the context"
-                );
+                assert_eq!(g.stop, StopReason::ContextFull, "{ckpt}: {text:?} should stop at the context");
             }
-            assert_eq!(
-                tok.decode(&g.generated_ids).unwrap(),
-                p["generated_text"].as_str().unwrap()
-            );
+            assert_eq!(tok.decode(&g.generated_ids).unwrap(), p["generated_text"].as_str().unwrap());
         }
     }
 }
@@ -69,16 +51,8 @@ fn full_logits_match_hf_within_tolerance() {
             let want_data = want.to_f32().unwrap();
             let got = engine.logits_all(&input).unwrap();
             assert_eq!([got.rows, got.cols], [want.shape[0], want.shape[1]]);
-            let err = got
-                .data
-                .iter()
-                .zip(&want_data)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            assert!(
-                err < LOGIT_TOL,
-                "{ckpt} prompt{i}: max abs logit error {err:e}"
-            );
+            let err = got.data.iter().zip(&want_data).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(err < LOGIT_TOL, "{ckpt} prompt{i}: max abs logit error {err:e}");
             worst = worst.max(err);
         }
     }
@@ -102,20 +76,14 @@ fn top10_logits_match_hf_at_every_position() {
                     continue;
                 }
                 let row = logits.row(pos);
-                for (id, want) in ids(&entry["ids"])
-                    .iter()
-                    .zip(entry["logits"].as_array().unwrap())
-                {
+                for (id, want) in ids(&entry["ids"]).iter().zip(entry["logits"].as_array().unwrap()) {
                     let err = (row[*id as usize] - want.as_f64().unwrap() as f32).abs();
                     assert!(err < LOGIT_TOL, "{ckpt} pos {pos} id {id}: error {err:e}");
                     worst = worst.max(err);
                 }
                 // The reference's best id is within tolerance of our best logit.
                 let best = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                assert!(
-                    best - row[ids(&entry["ids"])[0] as usize] < LOGIT_TOL,
-                    "{ckpt} pos {pos}: argmax differs"
-                );
+                assert!(best - row[ids(&entry["ids"])[0] as usize] < LOGIT_TOL, "{ckpt} pos {pos}: argmax differs");
             }
         }
     }
@@ -138,28 +106,17 @@ fn kv_cached_decoding_matches_full_recompute() {
         let mut worst = 0f32;
         let mut start = 0;
         for end in std::iter::once(split).chain(split + 1..=seq.len()) {
-            let seqs = [SeqSlice {
-                rows: 0..end - start,
-                start_pos: start,
-            }];
+            let seqs = [SeqSlice { rows: 0..end - start, start_pos: start }];
             let out = m
                 .forward(
                     b,
-                    &Batch {
-                        tokens: &seq[start..end],
-                        seqs: &seqs,
-                    },
+                    &Batch { tokens: &seq[start..end], seqs: &seqs },
                     &mut [&mut cache],
                     LogitRows::LastOfEachSeq,
                 )
                 .unwrap();
-            let out = b.to_host(&out).unwrap();
-            let err = out
-                .row(0)
-                .iter()
-                .zip(full.row(end - 1))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let out = b.read(&out).unwrap();
+            let err = out.row(0).iter().zip(full.row(end - 1)).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             worst = worst.max(err);
             start = end;
         }
@@ -178,43 +135,19 @@ fn batched_sequences_match_separate_runs() {
     let mut cache_a = m.new_cache(b, 16).unwrap();
     let mut cache_c = m.new_cache(b, 16).unwrap();
     // Prefill `a` alone; then one batch: decode a's next token + prefill all of `c`.
-    let seqs = [SeqSlice {
-        rows: 0..4,
-        start_pos: 0,
-    }];
-    m.forward(
-        b,
-        &Batch {
-            tokens: &a[..4],
-            seqs: &seqs,
-        },
-        &mut [&mut cache_a],
-        LogitRows::LastOfEachSeq,
-    )
-    .unwrap();
+    let seqs = [SeqSlice { rows: 0..4, start_pos: 0 }];
+    m.forward(b, &Batch { tokens: &a[..4], seqs: &seqs }, &mut [&mut cache_a], LogitRows::LastOfEachSeq).unwrap();
     let tokens: Vec<u32> = std::iter::once(a[4]).chain(c.iter().copied()).collect();
-    let seqs = [
-        SeqSlice {
-            rows: 0..1,
-            start_pos: 4,
-        },
-        SeqSlice {
-            rows: 1..4,
-            start_pos: 0,
-        },
-    ];
+    let seqs = [SeqSlice { rows: 0..1, start_pos: 4 }, SeqSlice { rows: 1..4, start_pos: 0 }];
     let out = m
         .forward(
             b,
-            &Batch {
-                tokens: &tokens,
-                seqs: &seqs,
-            },
+            &Batch { tokens: &tokens, seqs: &seqs },
             &mut [&mut cache_a, &mut cache_c],
             LogitRows::LastOfEachSeq,
         )
         .unwrap();
-    let out = b.to_host(&out).unwrap();
+    let out = b.read(&out).unwrap();
     let full_a = engine.logits_all(&a).unwrap();
     let full_c = engine.logits_all(&c).unwrap();
     let close = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| (p - q).abs() < 2e-5);
@@ -225,28 +158,12 @@ fn batched_sequences_match_separate_runs() {
 #[test]
 fn bad_token_ids_and_overlong_prompts_are_errors() {
     let engine = engine("tiny-gpt2-hf-saved"); // n_positions 64
-    let params = GenerateParams {
-        max_new_tokens: 5,
-        sampling: SamplingParams::greedy(),
-        ignore_eos: false,
-    };
-    let e = engine
-        .generate(&[1, 50257], &params, |_| Ok(()))
-        .unwrap_err()
-        .to_string();
+    let params = GenerateParams { max_new_tokens: 5, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let e = engine.generate(&[1, 50257], &params, |_| Ok(())).unwrap_err().to_string();
     assert!(e.contains("token id 50257 is out of range"), "{e}");
-    let e = engine
-        .generate(&vec![1; 65], &params, |_| Ok(()))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("65 tokens") && e.contains("context is 64"),
-        "{e}"
-    );
-    let e = engine
-        .generate(&[], &params, |_| Ok(()))
-        .unwrap_err()
-        .to_string();
+    let e = engine.generate(&vec![1; 65], &params, |_| Ok(())).unwrap_err().to_string();
+    assert!(e.contains("65 tokens") && e.contains("context is 64"), "{e}");
+    let e = engine.generate(&[], &params, |_| Ok(())).unwrap_err().to_string();
     assert!(e.contains("empty"), "{e}");
     // Exactly at the context: nothing more fits.
     let g = engine.generate(&vec![1; 64], &params, |_| Ok(())).unwrap();

@@ -24,10 +24,7 @@ fn check_all(tok: &Tokenizer) {
         let want = ids(&case["ids"]);
         let got = tok.encode_ordinary(text);
         if got != want {
-            failures.push(format!(
-                "{} {text:?}: got {got:?} want {want:?}",
-                case["category"]
-            ));
+            failures.push(format!("{} {text:?}: got {got:?} want {want:?}", case["category"]));
         }
         let want_special = case.get("ids_special").map(ids).unwrap_or(want.clone());
         if tok.encode(text) != want_special {
@@ -35,12 +32,7 @@ fn check_all(tok: &Tokenizer) {
         }
         assert_eq!(tok.decode(&got).unwrap(), text, "round trip");
     }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -51,9 +43,7 @@ fn tokenizer_json_matches_hf_on_every_case() {
 #[test]
 fn vocab_and_merges_match_hf_on_every_case() {
     let dir = fixture("gpt2-tokenizer");
-    check_all(
-        &Tokenizer::from_vocab_merges(&dir.join("vocab.json"), &dir.join("merges.txt")).unwrap(),
-    );
+    check_all(&Tokenizer::from_vocab_merges(&dir.join("vocab.json"), &dir.join("merges.txt")).unwrap());
 }
 
 #[test]
@@ -71,10 +61,7 @@ fn streaming_decode_emits_only_complete_utf8_and_equals_full_decode() {
         out.push_str(&stream.finish());
         assert_eq!(out, text);
     }
-    assert!(
-        held_back > 10,
-        "the cases should include characters split across tokens"
-    );
+    assert!(held_back > 10, "the cases should include characters split across tokens");
 }
 
 #[test]
@@ -83,12 +70,7 @@ fn special_token_id_and_out_of_range_ids() {
     assert_eq!(tok.special_id("<|endoftext|>"), Some(50256));
     assert_eq!(tok.encode("a<|endoftext|>b"), [64, 50256, 65]);
     assert_eq!(tok.decode(&[50256]).unwrap(), "<|endoftext|>");
-    assert!(
-        tok.decode(&[50257])
-            .unwrap_err()
-            .to_string()
-            .contains("out of range")
-    );
+    assert!(tok.decode(&[50257]).unwrap_err().to_string().contains("out of range"));
 }
 
 #[test]
@@ -98,20 +80,14 @@ fn malformed_tokenizer_files_give_errors() {
     for (content, want) in [
         ("{", "invalid JSON"),
         (r#"{"model":{"type":"Unigram"}}"#, "not supported"),
-        (
-            r#"{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}}"#,
-            "not supported",
-        ),
+        (r#"{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"Metaspace"}}"#, "not supported"),
         (
             r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}"#,
             "lacks the single byte",
         ),
     ] {
         std::fs::write(&p, content).unwrap();
-        let e = Tokenizer::from_tokenizer_json(&p)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Tokenizer::from_tokenizer_json(&p).err().unwrap().to_string();
         assert!(e.contains(want), "{e}");
     }
     assert!(Tokenizer::from_dir(dir.path().join("nope").as_path()).is_err());

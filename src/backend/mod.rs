@@ -7,6 +7,7 @@
 //! call may come from several sequences, each at its own position ([`SeqSlice`]), so
 //! one call can prefill a prompt and decode a step for other sequences together.
 
+pub mod cpu;
 pub mod reference;
 
 use std::ops::Range;
@@ -40,11 +41,14 @@ pub struct HostMatrix {
 
 impl HostMatrix {
     pub fn zeros(rows: usize, cols: usize) -> Self {
-        HostMatrix {
-            rows,
-            cols,
-            data: vec![0.0; rows * cols],
-        }
+        HostMatrix { rows, cols, data: vec![0.0; rows * cols] }
+    }
+
+    /// Resize to (rows, cols), keeping the allocation when it is large enough.
+    pub fn reshape(&mut self, rows: usize, cols: usize) {
+        self.rows = rows;
+        self.cols = cols;
+        self.data.resize(rows * cols, 0.0);
     }
 
     pub fn row(&self, r: usize) -> &[f32] {
@@ -68,23 +72,12 @@ pub trait Backend: Sync {
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<Self::Matrix>;
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
-    fn new_kv_cache(
-        &self,
-        n_layer: usize,
-        capacity: usize,
-        width: usize,
-    ) -> anyhow::Result<Self::KvCache>;
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
 
     /// Rows `ids` of an `OutIn` table: (T, cols). Ids are checked by the caller.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Self::Act;
     /// Per-row LayerNorm with gain and shift.
-    fn layer_norm(
-        &self,
-        x: &Self::Act,
-        gain: &Self::Vector,
-        shift: &Self::Vector,
-        eps: f32,
-    ) -> Self::Act;
+    fn layer_norm(&self, x: &Self::Act, gain: &Self::Vector, shift: &Self::Vector, eps: f32) -> Self::Act;
     /// `x @ W (+ bias)`: (T, in) → (T, out).
     fn linear(&self, x: &Self::Act, w: &Self::Matrix, bias: Option<&Self::Vector>) -> Self::Act;
     /// GELU, tanh approximation, in place.
@@ -106,6 +99,34 @@ pub trait Backend: Sync {
     ) -> Self::Act;
     /// The given rows of `x`, in order.
     fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
-    /// Copy to host memory.
-    fn to_host(&self, x: &Self::Act) -> anyhow::Result<HostMatrix>;
+    /// Copy to host memory, reusing `out`'s allocation.
+    fn to_host(&self, x: &Self::Act, out: &mut HostMatrix) -> anyhow::Result<()>;
+    /// Copy to a new host matrix.
+    fn read(&self, x: &Self::Act) -> anyhow::Result<HostMatrix> {
+        let mut out = HostMatrix::zeros(0, 0);
+        self.to_host(x, &mut out)?;
+        Ok(out)
+    }
+
+    // Fused forms. The defaults compose the ops above; a backend overrides them when
+    // fusing saves memory traffic.
+
+    /// `gelu(x @ W + bias)`.
+    fn linear_gelu(&self, x: &Self::Act, w: &Self::Matrix, bias: Option<&Self::Vector>) -> Self::Act {
+        let mut y = self.linear(x, w, bias);
+        self.gelu(&mut y);
+        y
+    }
+    /// `x += y; layer_norm(x)`: the residual add and the next block's LayerNorm.
+    fn add_layer_norm(
+        &self,
+        x: &mut Self::Act,
+        y: &Self::Act,
+        gain: &Self::Vector,
+        shift: &Self::Vector,
+        eps: f32,
+    ) -> Self::Act {
+        self.add(x, y);
+        self.layer_norm(x, gain, shift, eps)
+    }
 }

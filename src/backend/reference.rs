@@ -40,12 +40,7 @@ fn f32_data(t: &TensorView) -> anyhow::Result<Vec<f32>> {
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
     for (x, y) in ac.zip(bc) {
         for i in 0..8 {
             acc[i] += x[i] * y[i];
@@ -70,57 +65,26 @@ impl Backend for ReferenceBackend {
     }
 
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<RefMatrix> {
-        let &[rows, cols] = t.shape else {
-            bail!(
-                "tensor {:?} has shape {:?}, expected 2 dims",
-                t.name,
-                t.shape
-            )
-        };
+        let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
         let (n_in, n_out) = match layout {
             MatrixLayout::InOut => (rows, cols),
             MatrixLayout::OutIn => (cols, rows),
         };
-        Ok(RefMatrix {
-            layout,
-            n_in,
-            n_out,
-            data: f32_data(t)?,
-        })
+        Ok(RefMatrix { layout, n_in, n_out, data: f32_data(t)? })
     }
 
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
-        ensure!(
-            t.shape.len() == 1,
-            "tensor {:?} has shape {:?}, expected 1 dim",
-            t.name,
-            t.shape
-        );
+        ensure!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
         f32_data(t)
     }
 
-    fn new_kv_cache(
-        &self,
-        n_layer: usize,
-        capacity: usize,
-        width: usize,
-    ) -> anyhow::Result<RefKvCache> {
-        let n = capacity
-            .checked_mul(width)
-            .ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
-        Ok(RefKvCache {
-            capacity,
-            width,
-            layers: (0..n_layer).map(|_| (vec![0.0; n], vec![0.0; n])).collect(),
-        })
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
+        let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+        Ok(RefKvCache { capacity, width, layers: (0..n_layer).map(|_| (vec![0.0; n], vec![0.0; n])).collect() })
     }
 
     fn embed(&self, table: &RefMatrix, ids: &[u32]) -> HostMatrix {
-        assert_eq!(
-            table.layout,
-            MatrixLayout::OutIn,
-            "embedding tables are [rows, dim]"
-        );
+        assert_eq!(table.layout, MatrixLayout::OutIn, "embedding tables are [rows, dim]");
         let dim = table.n_in;
         let mut out = HostMatrix::zeros(ids.len(), dim);
         for (row, &id) in out.data.chunks_mut(dim).zip(ids) {
@@ -129,13 +93,7 @@ impl Backend for ReferenceBackend {
         out
     }
 
-    fn layer_norm(
-        &self,
-        x: &HostMatrix,
-        gain: &Vec<f32>,
-        shift: &Vec<f32>,
-        eps: f32,
-    ) -> HostMatrix {
+    fn layer_norm(&self, x: &HostMatrix, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> HostMatrix {
         let mut out = x.clone();
         out.data.par_chunks_mut(x.cols).for_each(|row| {
             let n = row.len() as f64;
@@ -153,40 +111,34 @@ impl Backend for ReferenceBackend {
         assert_eq!(x.cols, w.n_in, "linear: input width");
         let (n_in, n_out) = (w.n_in, w.n_out);
         let mut out = HostMatrix::zeros(x.rows, n_out);
-        out.data
-            .par_chunks_mut(n_out)
-            .enumerate()
-            .for_each(|(t, out_row)| {
-                let x_row = x.row(t);
-                out_row
-                    .par_chunks_mut(COL_BLOCK)
-                    .enumerate()
-                    .for_each(|(blk, seg)| {
-                        let j0 = blk * COL_BLOCK;
-                        match bias {
-                            Some(b) => seg.copy_from_slice(&b[j0..j0 + seg.len()]),
-                            None => seg.fill(0.0),
-                        }
-                        match w.layout {
-                            // out[j] += Σ_k x[k] · W[k][j]: stream rows of W.
-                            MatrixLayout::InOut => {
-                                for (k, &xk) in x_row.iter().enumerate() {
-                                    let w_row = &w.data[k * n_out + j0..k * n_out + j0 + seg.len()];
-                                    for (o, &wv) in seg.iter_mut().zip(w_row) {
-                                        *o += xk * wv;
-                                    }
-                                }
-                            }
-                            // out[j] += x · W[j]: one dot product per output.
-                            MatrixLayout::OutIn => {
-                                for (i, o) in seg.iter_mut().enumerate() {
-                                    let j = j0 + i;
-                                    *o += dot(x_row, &w.data[j * n_in..(j + 1) * n_in]);
-                                }
+        out.data.par_chunks_mut(n_out).enumerate().for_each(|(t, out_row)| {
+            let x_row = x.row(t);
+            out_row.par_chunks_mut(COL_BLOCK).enumerate().for_each(|(blk, seg)| {
+                let j0 = blk * COL_BLOCK;
+                match bias {
+                    Some(b) => seg.copy_from_slice(&b[j0..j0 + seg.len()]),
+                    None => seg.fill(0.0),
+                }
+                match w.layout {
+                    // out[j] += Σ_k x[k] · W[k][j]: stream rows of W.
+                    MatrixLayout::InOut => {
+                        for (k, &xk) in x_row.iter().enumerate() {
+                            let w_row = &w.data[k * n_out + j0..k * n_out + j0 + seg.len()];
+                            for (o, &wv) in seg.iter_mut().zip(w_row) {
+                                *o += xk * wv;
                             }
                         }
-                    });
+                    }
+                    // out[j] += x · W[j]: one dot product per output.
+                    MatrixLayout::OutIn => {
+                        for (i, o) in seg.iter_mut().enumerate() {
+                            let j = j0 + i;
+                            *o += dot(x_row, &w.data[j * n_in..(j + 1) * n_in]);
+                        }
+                    }
+                }
             });
+        });
         out
     }
 
@@ -217,10 +169,7 @@ impl Backend for ReferenceBackend {
         let mut row_info = vec![(0usize, 0usize); qkv.rows]; // (sequence, position) per row
         for (s, (seq, cache)) in seqs.iter().zip(caches.iter_mut()).enumerate() {
             assert_eq!(cache.width, c, "cache width");
-            assert!(
-                seq.start_pos + seq.rows.len() <= cache.capacity,
-                "KV cache overflow (checked by the model)"
-            );
+            assert!(seq.start_pos + seq.rows.len() <= cache.capacity, "KV cache overflow (checked by the model)");
             let (k_cache, v_cache) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
                 let pos = seq.start_pos + i;
@@ -233,30 +182,24 @@ impl Backend for ReferenceBackend {
         // 2. Each row attends over positions 0..=pos of its sequence, head by head.
         let caches: Vec<&RefKvCache> = caches.iter().map(|c| &**c).collect();
         let mut out = HostMatrix::zeros(qkv.rows, c);
-        out.data
-            .par_chunks_mut(c)
-            .enumerate()
-            .for_each(|(r, out_row)| {
-                let (s, pos) = row_info[r];
-                let (k_cache, v_cache) = &caches[s].layers[layer];
-                let mut scores = vec![0.0f32; pos + 1];
-                for h in 0..n_head {
-                    let q = &qkv.row(r)[h * hd..(h + 1) * hd];
-                    for (j, score) in scores.iter_mut().enumerate() {
-                        *score = dot(q, &k_cache[j * c + h * hd..j * c + (h + 1) * hd]) * scale;
-                    }
-                    softmax_in_place(&mut scores);
-                    let o = &mut out_row[h * hd..(h + 1) * hd];
-                    for (j, &p) in scores.iter().enumerate() {
-                        for (ov, &vv) in o
-                            .iter_mut()
-                            .zip(&v_cache[j * c + h * hd..j * c + (h + 1) * hd])
-                        {
-                            *ov += p * vv;
-                        }
+        out.data.par_chunks_mut(c).enumerate().for_each(|(r, out_row)| {
+            let (s, pos) = row_info[r];
+            let (k_cache, v_cache) = &caches[s].layers[layer];
+            let mut scores = vec![0.0f32; pos + 1];
+            for h in 0..n_head {
+                let q = &qkv.row(r)[h * hd..(h + 1) * hd];
+                for (j, score) in scores.iter_mut().enumerate() {
+                    *score = dot(q, &k_cache[j * c + h * hd..j * c + (h + 1) * hd]) * scale;
+                }
+                softmax_in_place(&mut scores);
+                let o = &mut out_row[h * hd..(h + 1) * hd];
+                for (j, &p) in scores.iter().enumerate() {
+                    for (ov, &vv) in o.iter_mut().zip(&v_cache[j * c + h * hd..j * c + (h + 1) * hd]) {
+                        *ov += p * vv;
                     }
                 }
-            });
+            }
+        });
         out
     }
 
@@ -268,8 +211,10 @@ impl Backend for ReferenceBackend {
         out
     }
 
-    fn to_host(&self, x: &HostMatrix) -> anyhow::Result<HostMatrix> {
-        Ok(x.clone())
+    fn to_host(&self, x: &HostMatrix, out: &mut HostMatrix) -> anyhow::Result<()> {
+        out.reshape(x.rows, x.cols);
+        out.data.copy_from_slice(&x.data);
+        Ok(())
     }
 }
 

@@ -7,14 +7,14 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 
-use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, SeqSlice};
 use batch_forge::engine::sampler::{Rng, argmax};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, Gpt2, LogitRows};
 
-use super::BackendChoice;
+use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
+use batch_forge::loaders::safetensors::Dtype;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -25,20 +25,10 @@ pub struct BenchArgs {
     #[arg(long)]
     random: Option<String>,
     /// Prompt lengths to test (pp); 0 skips.
-    #[arg(
-        short = 'p',
-        long = "n-prompt",
-        value_delimiter = ',',
-        default_value = "512"
-    )]
+    #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
     n_prompt: Vec<usize>,
     /// Generation lengths to test (tg); 0 skips.
-    #[arg(
-        short = 'n',
-        long = "n-gen",
-        value_delimiter = ',',
-        default_value = "128"
-    )]
+    #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
@@ -46,8 +36,8 @@ pub struct BenchArgs {
     /// Thread counts to test (default: all cores).
     #[arg(short = 't', long, value_delimiter = ',')]
     threads: Vec<usize>,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
-    backend: BackendChoice,
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -55,52 +45,59 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (label, config, store) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;
-            let store =
-                WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
+            let store = WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
             (format!("{name} (random)"), config, store)
         }
         (None, model) => {
-            let model = model
-                .as_deref()
-                .unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
+            let model = model.as_deref().unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
             let dir = super::model_dir(model, true)?;
             let config = Gpt2Config::from_file(&dir.join("config.json"))?;
             (model.to_owned(), config, WeightStore::open_dir(&dir)?)
         }
     };
-    match args.backend {
-        BackendChoice::Cpu | BackendChoice::Reference => {
-            bench_on(ReferenceBackend, &args, &label, config, &store)
-        }
+    let stored = match store.get("wte.weight").or_else(|| store.get("transformer.wte.weight")).map(|t| t.dtype) {
+        Some(Dtype::F16) => "f16",
+        Some(Dtype::BF16) => "bf16",
+        _ => "f32",
+    };
+    let mut dtype = match (args.backend.backend, args.backend.dtype) {
+        (BackendChoice::Reference, _) | (_, DtypeChoice::F32) => "f32",
+        (_, DtypeChoice::F16) => "f16",
+        (_, DtypeChoice::Bf16) => "bf16",
+        (_, DtypeChoice::Auto) => stored,
     }
+    .to_owned();
+    let bytes_per_param = if dtype == "f32" { 4 } else { 2 };
+    if args.backend.kv_dtype == "f16" {
+        dtype.push_str(" (kv f16)");
+    }
+    let info = Info { label, dtype, size_gib: (config.n_params() * bytes_per_param) as f64 / (1u64 << 30) as f64 };
+    with_backend!(args.backend, |b| bench_on(b, &args, &info, config, &store))
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
     let mean = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 {
-        v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64
-    } else {
-        0.0
-    };
+    let var = if v.len() > 1 { v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
     (mean, var.sqrt())
+}
+
+struct Info {
+    label: String,
+    dtype: String,
+    size_gib: f64,
 }
 
 fn bench_on<B: Backend>(
     backend: B,
     args: &BenchArgs,
-    label: &str,
+    info: &Info,
     config: Gpt2Config,
     store: &WeightStore,
 ) -> anyhow::Result<()> {
-    let size_gib = store.data_bytes() as f64 / (1u64 << 30) as f64;
     let params_m = config.n_params() as f64 / 1e6;
     let model = Gpt2::load(&backend, config, store)?;
     let n_ctx = model.config.n_positions;
-    let threads = if args.threads.is_empty() {
-        vec![rayon::current_num_threads()]
-    } else {
-        args.threads.clone()
-    };
+    let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
     println!("| model | size | params | backend | dtype | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
@@ -115,10 +112,7 @@ fn bench_on<B: Backend>(
             .map(|&n| ("pp", n))
             .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
         for (kind, n) in tests {
-            anyhow::ensure!(
-                n <= n_ctx,
-                "{kind}{n} exceeds the model's context of {n_ctx}"
-            );
+            anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx}");
             let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut rates = Vec::new();
             for rep in 0..=args.repetitions {
@@ -127,37 +121,25 @@ fn bench_on<B: Backend>(
                         let mut cache = model.new_cache(&backend, n)?;
                         let start = Instant::now();
                         if kind == "pp" {
-                            let seqs = [SeqSlice {
-                                rows: 0..n,
-                                start_pos: 0,
-                            }];
+                            let seqs = [SeqSlice { rows: 0..n, start_pos: 0 }];
                             let logits = model.forward(
                                 &backend,
-                                &Batch {
-                                    tokens: &tokens,
-                                    seqs: &seqs,
-                                },
+                                &Batch { tokens: &tokens, seqs: &seqs },
                                 &mut [&mut cache],
                                 LogitRows::LastOfEachSeq,
                             )?;
-                            backend.to_host(&logits)?;
+                            backend.read(&logits)?;
                         } else {
                             let mut next = tokens[0];
                             for pos in 0..n {
-                                let seqs = [SeqSlice {
-                                    rows: 0..1,
-                                    start_pos: pos,
-                                }];
+                                let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
                                 let logits = model.forward(
                                     &backend,
-                                    &Batch {
-                                        tokens: &[next],
-                                        seqs: &seqs,
-                                    },
+                                    &Batch { tokens: &[next], seqs: &seqs },
                                     &mut [&mut cache],
                                     LogitRows::LastOfEachSeq,
                                 )?;
-                                next = argmax(backend.to_host(&logits)?.row(0));
+                                next = argmax(backend.read(&logits)?.row(0));
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())
@@ -169,8 +151,11 @@ fn bench_on<B: Backend>(
             }
             let (mean, sd) = mean_sd(&rates);
             println!(
-                "| {label} | {size_gib:.2} GiB | {params_m:.1} M | {} | f32 | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
-                args.backend.label()
+                "| {} | {:.2} GiB | {params_m:.1} M | {} | {} | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
+                info.label,
+                info.size_gib,
+                args.backend.backend.label(),
+                info.dtype
             );
         }
     }

@@ -7,12 +7,11 @@ use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::Backend;
-use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::engine::{Engine, GenerateParams, SamplingParams, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
 use batch_forge::tokenizer::StreamDecoder;
 
-use super::BackendChoice;
+use super::{BackendArgs, with_backend};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -43,8 +42,8 @@ pub struct GenerateArgs {
     /// RNG seed for sampling (default: from the clock; printed with --json).
     #[arg(long)]
     seed: Option<u64>,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
-    backend: BackendChoice,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Worker threads (default: all cores).
     #[arg(long, short)]
     threads: Option<usize>,
@@ -62,9 +61,7 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     super::set_threads(args.threads)?;
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     });
     let sampling = SamplingParams {
         temperature: if args.greedy { 0.0 } else { args.temperature },
@@ -73,38 +70,21 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         seed,
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
-    match args.backend {
-        BackendChoice::Cpu | BackendChoice::Reference => run_on(ReferenceBackend, &args, sampling),
-    }
+    with_backend!(args.backend, |b| run_on(b, &args, sampling))
 }
 
-fn run_on<B: Backend>(
-    backend: B,
-    args: &GenerateArgs,
-    sampling: SamplingParams,
-) -> anyhow::Result<()> {
+fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
     let load_start = Instant::now();
     let dir = super::model_dir(&args.model, true)?;
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = engine.tokenizer()?;
-    let prompt = args
-        .prompt
-        .as_deref()
-        .or(args.prompt_pos.as_deref())
-        .unwrap_or("");
-    let prompt_ids = if prompt.is_empty() {
-        vec![engine.model.config.bos_token_id]
-    } else {
-        tok.encode(prompt)
-    };
+    let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
+    let prompt_ids = if prompt.is_empty() { vec![engine.model.config.bos_token_id] } else { tok.encode(prompt) };
     let eos = engine.model.config.eos_token_id;
 
-    let params = GenerateParams {
-        max_new_tokens: args.max_new_tokens,
-        sampling: sampling.clone(),
-        ignore_eos: args.ignore_eos,
-    };
+    let params =
+        GenerateParams { max_new_tokens: args.max_new_tokens, sampling: sampling.clone(), ignore_eos: args.ignore_eos };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut stream = StreamDecoder::new();
@@ -115,8 +95,7 @@ fn run_on<B: Backend>(
         }
         let piece = stream.push(tok.token_bytes(id)?);
         if !args.json {
-            out.write_all(piece.as_bytes())
-                .context("writing to stdout")?;
+            out.write_all(piece.as_bytes()).context("writing to stdout")?;
             out.flush().context("writing to stdout")?;
         }
         text.push_str(&piece);
@@ -126,10 +105,7 @@ fn run_on<B: Backend>(
     text.push_str(&tail);
 
     let n_new = result.generated_ids.len();
-    let (prefill_s, decode_s) = (
-        result.timings.prefill.as_secs_f64(),
-        result.timings.decode.as_secs_f64(),
-    );
+    let (prefill_s, decode_s) = (result.timings.prefill.as_secs_f64(), result.timings.decode.as_secs_f64());
     let decode_steps = n_new.saturating_sub(1);
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     if args.json {
@@ -137,7 +113,7 @@ fn run_on<B: Backend>(
             "prompt_ids": result.prompt_ids,
             "generated_ids": result.generated_ids,
             "text": text,
-            "backend": args.backend.label(),
+            "backend": args.backend.backend.label(),
             "stop_reason": result.stop.as_str(),
             "seed": sampling.seed,
             "greedy": sampling.is_greedy(),
@@ -172,7 +148,7 @@ fn run_on<B: Backend>(
         rate(result.prompt_ids.len(), prefill_s),
         prefill_s + decode_s,
         rate(decode_steps, decode_s),
-        args.backend.label()
+        args.backend.backend.label()
     );
     Ok(())
 }

@@ -9,14 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use batch_forge::backend::cpu::{CpuOptions, WeightDtype};
 use batch_forge::loaders::{self, hub::HubClient};
 
 #[derive(Parser)]
-#[command(
-    name = "forge",
-    version,
-    about = "batch_forge: GPT-2 inference, verified against Hugging Face transformers"
-)]
+#[command(name = "forge", version, about = "batch_forge: GPT-2 inference, verified against Hugging Face transformers")]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,11 +34,70 @@ enum Command {
 /// Which implementation runs the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
-    /// The default CPU backend (currently the reference implementation).
+    /// The fast CPU backend: SIMD kernels, all cores, f32/f16/bf16 weights.
     Cpu,
-    /// The scalar reference backend: the ground truth every backend is tested against.
+    /// The plain reference backend: the ground truth every backend is tested against.
     Reference,
 }
+
+/// `--dtype`: how the CPU backend stores weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DtypeChoice {
+    /// As stored in the file (f32, f16 or bf16).
+    Auto,
+    F32,
+    F16,
+    Bf16,
+}
+
+/// Backend selection flags shared by `generate` and `bench`.
+#[derive(clap::Args, Clone)]
+pub struct BackendArgs {
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    pub backend: BackendChoice,
+    /// Weight storage of the cpu backend; 16-bit halves the bytes read per token.
+    #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
+    pub dtype: DtypeChoice,
+    /// KV-cache storage of the cpu backend.
+    #[arg(long, value_parser = ["f32", "f16"], default_value = "f32")]
+    pub kv_dtype: String,
+}
+
+impl BackendArgs {
+    pub fn cpu_options(&self) -> anyhow::Result<CpuOptions> {
+        let weight_dtype = match self.dtype {
+            DtypeChoice::Auto => None,
+            DtypeChoice::F32 => Some(WeightDtype::F32),
+            DtypeChoice::F16 => Some(WeightDtype::F16),
+            DtypeChoice::Bf16 => Some(WeightDtype::BF16),
+        };
+        if self.backend == BackendChoice::Reference {
+            anyhow::ensure!(
+                self.dtype == DtypeChoice::Auto && self.kv_dtype == "f32",
+                "the reference backend computes in f32 only; --dtype and --kv-dtype apply to --backend cpu"
+            );
+        }
+        Ok(CpuOptions { weight_dtype, kv_f16: self.kv_dtype == "f16", ..CpuOptions::default() })
+    }
+}
+
+/// Run `$body` with `$b` bound to the chosen backend (each backend is its own type).
+macro_rules! with_backend {
+    ($args:expr, |$b:ident| $body:expr) => {{
+        let opts = $args.cpu_options()?;
+        match $args.backend {
+            $crate::cli::BackendChoice::Cpu => {
+                let $b = batch_forge::backend::cpu::CpuBackend::new(opts)?;
+                $body
+            }
+            $crate::cli::BackendChoice::Reference => {
+                let $b = batch_forge::backend::reference::ReferenceBackend;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use with_backend;
 
 impl BackendChoice {
     pub fn label(self) -> &'static str {
@@ -70,17 +126,12 @@ pub fn model_dir(model: &str, weights: bool) -> anyhow::Result<PathBuf> {
 pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {
         anyhow::ensure!(n > 0, "--threads must be at least 1");
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
     }
     Ok(())
 }
 
 /// Output to a closed pipe (`forge generate | head`) ends the program quietly.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }

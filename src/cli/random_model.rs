@@ -24,18 +24,13 @@ pub struct RandomModelArgs {
 }
 
 pub fn preset(name: &str) -> anyhow::Result<Gpt2Config> {
-    Gpt2Config::preset(name).with_context(|| {
-        format!(
-            "unknown preset {name:?}; choose one of {}",
-            Gpt2Config::PRESETS.join(", ")
-        )
-    })
+    Gpt2Config::preset(name)
+        .with_context(|| format!("unknown preset {name:?}; choose one of {}", Gpt2Config::PRESETS.join(", ")))
 }
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<()> {
     let config = preset(&args.preset)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     std::fs::write(args.out.join("config.json"), config.to_json())?;
     let weights = args.out.join("model.safetensors");
     std::fs::write(&weights, random_checkpoint(&config, args.seed))
@@ -44,18 +39,12 @@ pub fn run(args: RandomModelArgs) -> anyhow::Result<()> {
         let mut copied = 0;
         for name in ["tokenizer.json", "vocab.json", "merges.txt"] {
             if src.join(name).is_file() {
-                std::fs::copy(src.join(name), args.out.join(name))
-                    .with_context(|| format!("copying {name}"))?;
+                std::fs::copy(src.join(name), args.out.join(name)).with_context(|| format!("copying {name}"))?;
                 copied += 1;
             }
         }
         anyhow::ensure!(copied > 0, "{} holds no tokenizer files", src.display());
     }
-    eprintln!(
-        "wrote {} ({} parameters) to {}",
-        args.preset,
-        config.n_params(),
-        args.out.display()
-    );
+    eprintln!("wrote {} ({} parameters) to {}", args.preset, config.n_params(), args.out.display());
     Ok(())
 }

@@ -27,29 +27,20 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     let dir = super::model_dir(&args.model, false)?;
     let tok = Tokenizer::from_dir(&dir)?;
     let encode = |s: &str| {
-        if args.ordinary {
-            tok.encode_ordinary(s)
-        } else {
-            tok.encode(s)
-        }
+        if args.ordinary { tok.encode_ordinary(s) } else { tok.encode(s) }
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.jsonl {
-        anyhow::ensure!(
-            args.text.is_none(),
-            "--jsonl reads stdin; do not also pass TEXT"
-        );
+        anyhow::ensure!(args.text.is_none(), "--jsonl reads stdin; do not also pass TEXT");
         for (n, line) in std::io::stdin().lock().lines().enumerate() {
             let line = line.with_context(|| format!("stdin line {}: not valid UTF-8", n + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(&line)
-                .with_context(|| format!("stdin line {}: invalid JSON", n + 1))?;
-            let text = v["text"]
-                .as_str()
-                .with_context(|| format!("stdin line {}: no \"text\" string", n + 1))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&line).with_context(|| format!("stdin line {}: invalid JSON", n + 1))?;
+            let text = v["text"].as_str().with_context(|| format!("stdin line {}: no \"text\" string", n + 1))?;
             writeln!(out, "{}", serde_json::json!({ "ids": encode(text) }))?;
         }
     } else {
@@ -57,9 +48,7 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
             Some(t) => t,
             None => {
                 let mut s = String::new();
-                std::io::stdin()
-                    .read_to_string(&mut s)
-                    .context("stdin is not valid UTF-8")?;
+                std::io::stdin().read_to_string(&mut s).context("stdin is not valid UTF-8")?;
                 s
             }
         };

@@ -68,15 +68,11 @@ impl<B: Backend> Engine<B> {
     /// Load a model folder: config.json, model.safetensors (or shards), tokenizer files.
     pub fn load_dir(backend: B, dir: &Path) -> anyhow::Result<Self> {
         let config_path = dir.join("config.json");
-        ensure!(
-            config_path.is_file(),
-            "{}: no config.json (is this a model folder?)",
-            dir.display()
-        );
+        ensure!(config_path.is_file(), "{}: no config.json (is this a model folder?)", dir.display());
         let config = Gpt2Config::from_file(&config_path)?;
         let store = WeightStore::open_dir(dir)?;
-        let model = Gpt2::load(&backend, config, &store)
-            .with_context(|| format!("loading weights from {}", dir.display()))?;
+        let model =
+            Gpt2::load(&backend, config, &store).with_context(|| format!("loading weights from {}", dir.display()))?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         ensure!(
             tokenizer.vocab_size() <= model.config.vocab_size,
@@ -84,36 +80,24 @@ impl<B: Backend> Engine<B> {
             tokenizer.vocab_size(),
             model.config.vocab_size
         );
-        Ok(Engine {
-            backend,
-            model,
-            tokenizer: Some(tokenizer),
-        })
+        Ok(Engine { backend, model, tokenizer: Some(tokenizer) })
     }
 
     pub fn tokenizer(&self) -> anyhow::Result<&Tokenizer> {
-        self.tokenizer
-            .as_ref()
-            .context("this model has no tokenizer")
+        self.tokenizer.as_ref().context("this model has no tokenizer")
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
     pub fn logits_all(&self, ids: &[u32]) -> anyhow::Result<HostMatrix> {
         let mut cache = self.model.new_cache(&self.backend, ids.len())?;
-        let seqs = [SeqSlice {
-            rows: 0..ids.len(),
-            start_pos: 0,
-        }];
+        let seqs = [SeqSlice { rows: 0..ids.len(), start_pos: 0 }];
         let out = self.model.forward(
             &self.backend,
-            &Batch {
-                tokens: ids,
-                seqs: &seqs,
-            },
+            &Batch { tokens: ids, seqs: &seqs },
             &mut [&mut cache],
             LogitRows::All,
         )?;
-        self.backend.to_host(&out)
+        self.backend.read(&out)
     }
 
     /// Generate from `prompt_ids`, calling `on_token` with each new id as soon as it is chosen.
@@ -124,15 +108,9 @@ impl<B: Backend> Engine<B> {
         mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
         let n_ctx = self.model.config.n_positions;
-        ensure!(
-            !prompt_ids.is_empty(),
-            "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)"
-        );
+        ensure!(!prompt_ids.is_empty(), "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
         if prompt_ids.len() > n_ctx {
-            bail!(
-                "the prompt is {} tokens but the model's context is {n_ctx}; shorten the prompt",
-                prompt_ids.len()
-            );
+            bail!("the prompt is {} tokens but the model's context is {n_ctx}; shorten the prompt", prompt_ids.len());
         }
         let mut sampler = Sampler::new(params.sampling.clone()).map_err(anyhow::Error::msg)?;
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
@@ -140,39 +118,23 @@ impl<B: Backend> Engine<B> {
         let mut generation = Generation {
             prompt_ids: prompt_ids.to_vec(),
             generated_ids: Vec::with_capacity(budget),
-            stop: if budget < params.max_new_tokens {
-                StopReason::ContextFull
-            } else {
-                StopReason::Length
-            },
+            stop: if budget < params.max_new_tokens { StopReason::ContextFull } else { StopReason::Length },
             timings: Timings::default(),
         };
         if budget == 0 {
             return Ok(generation);
         }
         let eos = self.model.config.eos_token_id;
-        let mut cache = self
-            .model
-            .new_cache(&self.backend, prompt_ids.len() + budget - 1)?;
+        let mut cache = self.model.new_cache(&self.backend, prompt_ids.len() + budget - 1)?;
         let start = Instant::now();
         let mut step_tokens = prompt_ids.to_vec();
+        let mut logits = HostMatrix::zeros(0, 0);
         let mut pos = 0;
         loop {
-            let seqs = [SeqSlice {
-                rows: 0..step_tokens.len(),
-                start_pos: pos,
-            }];
-            let batch = Batch {
-                tokens: &step_tokens,
-                seqs: &seqs,
-            };
-            let logits = self.model.forward(
-                &self.backend,
-                &batch,
-                &mut [&mut cache],
-                LogitRows::LastOfEachSeq,
-            )?;
-            let logits = self.backend.to_host(&logits)?;
+            let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
+            let batch = Batch { tokens: &step_tokens, seqs: &seqs };
+            let out = self.model.forward(&self.backend, &batch, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
+            self.backend.to_host(&out, &mut logits)?;
             let next = sampler.sample(logits.row(0));
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();

@@ -15,20 +15,12 @@ pub struct SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-        }
+        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
     }
 
     pub fn validate(&self) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be a finite number >= 0 (0 = greedy), got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be a finite number >= 0 (0 = greedy), got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
@@ -86,11 +78,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, String> {
         params.validate()?;
-        Ok(Sampler {
-            rng: Rng::new(params.seed),
-            params,
-            candidates: Vec::new(),
-        })
+        Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new() })
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -100,13 +88,7 @@ impl Sampler {
         }
         let c = &mut self.candidates;
         c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| !v.is_nan())
-                .map(|(i, &v)| (v / p.temperature, i as u32)),
-        );
+        c.extend(logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v / p.temperature, i as u32)));
         let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, desc);
@@ -155,45 +137,19 @@ mod tests {
 
     #[test]
     fn invalid_params_are_rejected() {
-        for (t, p) in [
-            (-1.0, 1.0),
-            (f32::NAN, 1.0),
-            (1.0, 0.0),
-            (1.0, 1.5),
-            (f32::INFINITY, 0.5),
-        ] {
-            assert!(
-                Sampler::new(SamplingParams {
-                    temperature: t,
-                    top_k: 0,
-                    top_p: p,
-                    seed: 0
-                })
-                .is_err()
-            );
+        for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5), (f32::INFINITY, 0.5)] {
+            assert!(Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: p, seed: 0 }).is_err());
         }
     }
 
     #[test]
     fn top_k_and_top_p_restrict_the_support() {
         let logits = [0.0, 5.0, 4.9, 4.8, -3.0];
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            top_k: 2,
-            top_p: 1.0,
-            seed: 7,
-        })
-        .unwrap();
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 7 }).unwrap();
         for _ in 0..200 {
             assert!(matches!(s.sample(&logits), 1 | 2));
         }
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 0.3,
-            seed: 7,
-        })
-        .unwrap();
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.3, seed: 7 }).unwrap();
         for _ in 0..200 {
             assert_eq!(s.sample(&logits), 1);
         }
@@ -203,26 +159,12 @@ mod tests {
     fn sampling_follows_the_distribution_and_is_seeded() {
         // p = softmax([0, ln 3]) = [0.25, 0.75]
         let logits = [0.0, 3f32.ln()];
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 42,
-        })
-        .unwrap();
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 }).unwrap();
         let ones = (0..20_000).filter(|_| s.sample(&logits) == 1).count() as f64 / 20_000.0;
         assert!((ones - 0.75).abs() < 0.015, "{ones}");
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams {
-                temperature: 0.8,
-                top_k: 0,
-                top_p: 1.0,
-                seed,
-            })
-            .unwrap();
-            (0..50)
-                .map(|_| s.sample(&[0.1, 0.2, 0.3, 0.4]))
-                .collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed }).unwrap();
+            (0..50).map(|_| s.sample(&[0.1, 0.2, 0.3, 0.4])).collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));

@@ -46,36 +46,27 @@ fn default_eps() -> f32 {
 
 impl Gpt2Config {
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
         Self::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
     pub fn from_json(text: &str) -> Result<Self, String> {
-        let raw: RawConfig =
-            serde_json::from_str(text).map_err(|e| format!("invalid GPT-2 config: {e}"))?;
+        let raw: RawConfig = serde_json::from_str(text).map_err(|e| format!("invalid GPT-2 config: {e}"))?;
         if let Some(t) = &raw.model_type
             && t != "gpt2"
         {
-            return Err(format!(
-                "model_type {t:?} is not supported (expected \"gpt2\")"
-            ));
+            return Err(format!("model_type {t:?} is not supported (expected \"gpt2\")"));
         }
         match raw.activation_function.as_deref() {
             None | Some("gelu_new") | Some("gelu_pytorch_tanh") => {}
             Some(other) => {
-                return Err(format!(
-                    "activation_function {other:?} is not supported (only tanh GELU, gelu_new)"
-                ));
+                return Err(format!("activation_function {other:?} is not supported (only tanh GELU, gelu_new)"));
             }
         }
         if raw.scale_attn_weights == Some(false) {
             return Err("scale_attn_weights=false is not supported".into());
         }
-        let n_positions = raw
-            .n_positions
-            .or(raw.n_ctx)
-            .ok_or("config has neither n_positions nor n_ctx")?;
+        let n_positions = raw.n_positions.or(raw.n_ctx).ok_or("config has neither n_positions nor n_ctx")?;
         let c = Gpt2Config {
             vocab_size: raw.vocab_size,
             n_positions,
@@ -93,28 +84,15 @@ impl Gpt2Config {
     }
 
     fn validate(&self) -> Result<(), String> {
-        let dims = [
-            self.vocab_size,
-            self.n_positions,
-            self.n_embd,
-            self.n_layer,
-            self.n_head,
-            self.n_inner,
-        ];
+        let dims = [self.vocab_size, self.n_positions, self.n_embd, self.n_layer, self.n_head, self.n_inner];
         if dims.contains(&0) {
-            return Err(
-                "vocab_size, n_positions, n_embd, n_layer, n_head and n_inner must be positive"
-                    .into(),
-            );
+            return Err("vocab_size, n_positions, n_embd, n_layer, n_head and n_inner must be positive".into());
         }
         if dims.iter().any(|&d| d > 1 << 24) {
             return Err("a dimension in config.json is implausibly large".into());
         }
         if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(format!(
-                "n_embd {} is not divisible by n_head {}",
-                self.n_embd, self.n_head
-            ));
+            return Err(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
         }
         if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
             return Err("layer_norm_epsilon must be positive".into());
@@ -157,8 +135,7 @@ impl Gpt2Config {
         })
     }
 
-    pub const PRESETS: [&'static str; 5] =
-        ["distilgpt2", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"];
+    pub const PRESETS: [&'static str; 5] = ["distilgpt2", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"];
 
     /// config.json in the Hub's modern layout.
     pub fn to_json(&self) -> String {
@@ -199,22 +176,10 @@ mod tests {
     #[test]
     fn rejects_bad_configs() {
         for (json, want) in [
-            (
-                r#"{"model_type":"llama","vocab_size":1,"n_positions":1,"n_embd":4,"n_layer":1,"n_head":1}"#,
-                "llama",
-            ),
-            (
-                r#"{"vocab_size":1,"n_positions":1,"n_embd":5,"n_layer":1,"n_head":2}"#,
-                "divisible",
-            ),
-            (
-                r#"{"vocab_size":1,"n_embd":4,"n_layer":1,"n_head":1}"#,
-                "n_positions",
-            ),
-            (
-                r#"{"vocab_size":1,"n_positions":0,"n_embd":4,"n_layer":1,"n_head":1}"#,
-                "positive",
-            ),
+            (r#"{"model_type":"llama","vocab_size":1,"n_positions":1,"n_embd":4,"n_layer":1,"n_head":1}"#, "llama"),
+            (r#"{"vocab_size":1,"n_positions":1,"n_embd":5,"n_layer":1,"n_head":2}"#, "divisible"),
+            (r#"{"vocab_size":1,"n_embd":4,"n_layer":1,"n_head":1}"#, "n_positions"),
+            (r#"{"vocab_size":1,"n_positions":0,"n_embd":4,"n_layer":1,"n_head":1}"#, "positive"),
             (
                 r#"{"vocab_size":1,"n_positions":1,"n_embd":4,"n_layer":1,"n_head":1,"activation_function":"relu"}"#,
                 "relu",

@@ -49,13 +49,8 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(p) = env_nonempty("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = env_nonempty("HOME")
-        .or_else(|| env_nonempty("USERPROFILE"))
-        .unwrap_or_else(|| ".".into());
-    PathBuf::from(home)
-        .join(".cache")
-        .join("huggingface")
-        .join("hub")
+    let home = env_nonempty("HOME").or_else(|| env_nonempty("USERPROFILE")).unwrap_or_else(|| ".".into());
+    PathBuf::from(home).join(".cache").join("huggingface").join("hub")
 }
 
 /// Hub repo ids look like `name` or `org/name` with `[A-Za-z0-9._-]` parts.
@@ -67,8 +62,7 @@ pub fn is_repo_id(s: &str) -> bool {
             !p.is_empty()
                 && !p.starts_with('.')
                 && !p.contains("..")
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         })
 }
 
@@ -81,9 +75,7 @@ struct FileMeta {
 impl HubClient {
     pub fn from_env() -> Self {
         let truthy = |k: &str| {
-            env_nonempty(k).is_some_and(|v| {
-                matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
-            })
+            env_nonempty(k).is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
         };
         HubClient {
             endpoint: env_nonempty("HF_ENDPOINT")
@@ -98,8 +90,7 @@ impl HubClient {
     }
 
     pub fn repo_dir(&self, repo_id: &str) -> PathBuf {
-        self.cache_dir
-            .join(format!("models--{}", repo_id.replace('/', "--")))
+        self.cache_dir.join(format!("models--{}", repo_id.replace('/', "--")))
     }
 
     /// A file from the cache snapshot that `revision` points to, if present.
@@ -111,12 +102,7 @@ impl HubClient {
     }
 
     /// `Ok(None)` when the Hub says the file does not exist (404).
-    pub fn get_file(
-        &self,
-        repo_id: &str,
-        revision: &str,
-        filename: &str,
-    ) -> anyhow::Result<Option<PathBuf>> {
+    pub fn get_file(&self, repo_id: &str, revision: &str, filename: &str) -> anyhow::Result<Option<PathBuf>> {
         if self.offline {
             return Ok(self.cached_file(repo_id, revision, filename));
         }
@@ -165,12 +151,7 @@ impl HubClient {
         }
     }
 
-    fn head(
-        &self,
-        repo_id: &str,
-        revision: &str,
-        filename: &str,
-    ) -> anyhow::Result<Option<FileMeta>> {
+    fn head(&self, repo_id: &str, revision: &str, filename: &str) -> anyhow::Result<Option<FileMeta>> {
         let agent = self.agent(false);
         let mut url = self.url(repo_id, revision, filename);
         for _ in 0..5 {
@@ -189,9 +170,7 @@ impl HubClient {
             let commit = header("X-Repo-Commit");
             if let (Some(etag), Some(commit)) = (etag, commit) {
                 let etag = etag.trim_start_matches("W/").trim_matches('"').to_owned();
-                let size = header("X-Linked-Size")
-                    .or_else(|| header("Content-Length"))
-                    .and_then(|s| s.parse().ok());
+                let size = header("X-Linked-Size").or_else(|| header("Content-Length")).and_then(|s| s.parse().ok());
                 validate_name(&etag, "ETag")?;
                 validate_name(&commit, "X-Repo-Commit")?;
                 return Ok(Some(FileMeta { commit, etag, size }));
@@ -201,9 +180,7 @@ impl HubClient {
                 Some(loc) if (300..400).contains(&resp.status()) && loc.starts_with('/') => {
                     url = format!("{}{loc}", self.endpoint);
                 }
-                _ => bail!(
-                    "{url}: the server did not send X-Repo-Commit and ETag headers (is HF_ENDPOINT a Hub?)"
-                ),
+                _ => bail!("{url}: the server did not send X-Repo-Commit and ETag headers (is HF_ENDPOINT a Hub?)"),
             }
         }
         bail!("{url}: too many redirects")
@@ -218,28 +195,18 @@ impl HubClient {
         blob: &Path,
     ) -> anyhow::Result<()> {
         let url = self.url(repo_id, revision, filename);
-        let resp = self
-            .request(&self.agent(true), "GET", &url)
-            .call()
-            .map_err(|e| anyhow!("downloading {url}: {e}"))?;
-        let total = meta
-            .size
-            .or_else(|| resp.header("Content-Length").and_then(|s| s.parse().ok()));
+        let resp =
+            self.request(&self.agent(true), "GET", &url).call().map_err(|e| anyhow!("downloading {url}: {e}"))?;
+        let total = meta.size.or_else(|| resp.header("Content-Length").and_then(|s| s.parse().ok()));
         fs::create_dir_all(blob.parent().expect("blobs dir"))?;
         let partial = blob.with_extension("incomplete");
-        let mut out = fs::File::create(&partial)
-            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let mut out = fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
         let bar = if self.progress {
-            let bar = indicatif::ProgressBar::with_draw_target(
-                total,
-                indicatif::ProgressDrawTarget::stderr(),
-            );
+            let bar = indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
             bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
             bar.set_message(filename.to_owned());
             bar
@@ -252,14 +219,11 @@ impl HubClient {
         let mut written = 0u64;
         let result: anyhow::Result<()> = (|| {
             loop {
-                let n = reader
-                    .read(&mut buf)
-                    .with_context(|| format!("downloading {url}"))?;
+                let n = reader.read(&mut buf).with_context(|| format!("downloading {url}"))?;
                 if n == 0 {
                     break;
                 }
-                out.write_all(&buf[..n])
-                    .with_context(|| format!("writing {}", partial.display()))?;
+                out.write_all(&buf[..n]).with_context(|| format!("writing {}", partial.display()))?;
                 hasher.update(&buf[..n]);
                 written += n as u64;
                 bar.set_position(written);
@@ -272,16 +236,9 @@ impl HubClient {
             }
             // LFS ETags are the sha256 of the content: verify it.
             if meta.etag.len() == 64 && meta.etag.bytes().all(|b| b.is_ascii_hexdigit()) {
-                let got: String = hasher
-                    .finalize()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
+                let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
                 if !got.eq_ignore_ascii_case(&meta.etag) {
-                    bail!(
-                        "downloading {url}: sha256 {got} does not match the Hub's {}",
-                        meta.etag
-                    );
+                    bail!("downloading {url}: sha256 {got} does not match the Hub's {}", meta.etag);
                 }
             }
             Ok(())
@@ -291,20 +248,14 @@ impl HubClient {
             let _ = fs::remove_file(&partial);
             return Err(e);
         }
-        fs::rename(&partial, blob)
-            .with_context(|| format!("cannot move {} into place", partial.display()))?;
+        fs::rename(&partial, blob).with_context(|| format!("cannot move {} into place", partial.display()))?;
         Ok(())
     }
 }
 
 /// ETags and commit hashes become file names: allow only safe characters.
 fn validate_name(s: &str, what: &str) -> anyhow::Result<()> {
-    if s.is_empty()
-        || s.len() > 128
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-    {
+    if s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')) {
         bail!("the Hub sent an unusable {what}: {s:?}");
     }
     Ok(())

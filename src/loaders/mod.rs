@@ -24,14 +24,10 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool) -> anyhow
     if as_path.is_dir() {
         return Ok(as_path.to_owned());
     }
-    let looks_like_path = model.starts_with('.')
-        || model.starts_with('/')
-        || model.starts_with('~')
-        || model.contains('\\');
+    let looks_like_path =
+        model.starts_with('.') || model.starts_with('/') || model.starts_with('~') || model.contains('\\');
     if looks_like_path || !hub::is_repo_id(model) {
-        bail!(
-            "model folder {model:?} does not exist (and it is not a Hub repo id like openai-community/gpt2)"
-        );
+        bail!("model folder {model:?} does not exist (and it is not a Hub repo id like openai-community/gpt2)");
     }
     fetch_from_hub(model, "main", hub, weights).with_context(|| {
         let how = format!(
@@ -43,15 +39,9 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool) -> anyhow
     })
 }
 
-fn fetch_from_hub(
-    repo: &str,
-    revision: &str,
-    hub: &hub::HubClient,
-    weights: bool,
-) -> anyhow::Result<PathBuf> {
+fn fetch_from_hub(repo: &str, revision: &str, hub: &hub::HubClient, weights: bool) -> anyhow::Result<PathBuf> {
     let need = |name: &str| -> anyhow::Result<PathBuf> {
-        hub.get_file(repo, revision, name)?
-            .with_context(|| format!("{repo} has no {name}"))
+        hub.get_file(repo, revision, name)?.with_context(|| format!("{repo} has no {name}"))
     };
     let config = need("config.json")?;
     let dir = config.parent().expect("snapshot dir").to_owned();
@@ -62,9 +52,7 @@ fn fetch_from_hub(
     if weights && hub.get_file(repo, revision, "model.safetensors")?.is_none() {
         let index = hub
             .get_file(repo, revision, "model.safetensors.index.json")?
-            .with_context(|| {
-                format!("{repo} has neither model.safetensors nor model.safetensors.index.json")
-            })?;
+            .with_context(|| format!("{repo} has neither model.safetensors nor model.safetensors.index.json"))?;
         for shard in weights::shard_files(&index)? {
             need(&shard)?;
         }

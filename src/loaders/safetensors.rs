@@ -120,30 +120,21 @@ pub struct Header {
 /// Validate the header of a complete file image `bytes`.
 pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
     if bytes.len() < 8 {
-        return Err(format!(
-            "file is {} bytes, too short for a safetensors header",
-            bytes.len()
-        ));
+        return Err(format!("file is {} bytes, too short for a safetensors header", bytes.len()));
     }
     let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
     if n > MAX_HEADER_BYTES {
-        return Err(format!(
-            "header size {n} exceeds the {MAX_HEADER_BYTES}-byte limit"
-        ));
+        return Err(format!("header size {n} exceeds the {MAX_HEADER_BYTES}-byte limit"));
     }
     let header_end = 8usize
         .checked_add(usize::try_from(n).map_err(|_| "header size does not fit in memory")?)
         .ok_or("header size overflows")?;
     if header_end > bytes.len() {
-        return Err(format!(
-            "header claims {n} bytes but the file has only {} after the size",
-            bytes.len() - 8
-        ));
+        return Err(format!("header claims {n} bytes but the file has only {} after the size", bytes.len() - 8));
     }
-    let text = std::str::from_utf8(&bytes[8..header_end])
-        .map_err(|e| format!("header is not UTF-8: {e}"))?;
-    let root: Value = serde_json::from_str(text.trim_end_matches(' '))
-        .map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let text = std::str::from_utf8(&bytes[8..header_end]).map_err(|e| format!("header is not UTF-8: {e}"))?;
+    let root: Value =
+        serde_json::from_str(text.trim_end_matches(' ')).map_err(|e| format!("header is not valid JSON: {e}"))?;
     let obj = root.as_object().ok_or("header is not a JSON object")?;
     let data_len = bytes.len() - header_end;
 
@@ -153,18 +144,13 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
         if name == "__metadata__" {
             let m = v.as_object().ok_or("__metadata__ is not an object")?;
             for (k, v) in m {
-                let s = v
-                    .as_str()
-                    .ok_or_else(|| format!("__metadata__ value of {k:?} is not a string"))?;
+                let s = v.as_str().ok_or_else(|| format!("__metadata__ value of {k:?} is not a string"))?;
                 metadata.insert(k.clone(), s.to_owned());
             }
             continue;
         }
-        let dtype_s = v["dtype"]
-            .as_str()
-            .ok_or_else(|| format!("tensor {name:?}: missing dtype"))?;
-        let dtype = Dtype::parse(dtype_s)
-            .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype_s:?}"))?;
+        let dtype_s = v["dtype"].as_str().ok_or_else(|| format!("tensor {name:?}: missing dtype"))?;
+        let dtype = Dtype::parse(dtype_s).ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype_s:?}"))?;
         let shape = v["shape"]
             .as_array()
             .ok_or_else(|| format!("tensor {name:?}: missing shape"))?
@@ -180,10 +166,7 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
         let (begin, end) = match (off(0), off(1)) {
             (Some(b), Some(e)) if b <= e => (b, e),
             _ => {
-                return Err(format!(
-                    "tensor {name:?}: invalid data_offsets {}",
-                    v["data_offsets"]
-                ));
+                return Err(format!("tensor {name:?}: invalid data_offsets {}", v["data_offsets"]));
             }
         };
         let nbytes = shape
@@ -202,21 +185,10 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
                 "tensor {name:?}: data_offsets end {end} is past the data buffer ({data_len} bytes; file truncated?)"
             ));
         }
-        tensors.insert(
-            name.clone(),
-            TensorInfo {
-                dtype,
-                shape,
-                begin,
-                end,
-            },
-        );
+        tensors.insert(name.clone(), TensorInfo { dtype, shape, begin, end });
     }
     // Offsets must tile the buffer: sorted by begin, each starts where the last ended.
-    let mut spans: Vec<(usize, usize, &str)> = tensors
-        .iter()
-        .map(|(n, t)| (t.begin, t.end, n.as_str()))
-        .collect();
+    let mut spans: Vec<(usize, usize, &str)> = tensors.iter().map(|(n, t)| (t.begin, t.end, n.as_str())).collect();
     spans.sort();
     let mut cursor = 0;
     for (b, e, name) in spans {
@@ -228,15 +200,9 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
         cursor = e;
     }
     if cursor != data_len {
-        return Err(format!(
-            "data buffer is {data_len} bytes but the tensors cover {cursor}"
-        ));
+        return Err(format!("data buffer is {data_len} bytes but the tensors cover {cursor}"));
     }
-    Ok(Header {
-        tensors,
-        metadata,
-        data_start: header_end,
-    })
+    Ok(Header { tensors, metadata, data_start: header_end })
 }
 
 /// A borrowed tensor: dtype, shape and its little-endian bytes (any alignment).
@@ -257,24 +223,15 @@ impl TensorView<'_> {
     pub fn to_f32(&self) -> std::result::Result<Vec<f32>, String> {
         let b = self.bytes;
         Ok(match self.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes(c.try_into().expect("2")).to_f32())
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes(c.try_into().expect("2")).to_f32())
-                .collect(),
+            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect(),
+            Dtype::F16 => {
+                b.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().expect("2")).to_f32()).collect()
+            }
+            Dtype::BF16 => {
+                b.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().expect("2")).to_f32()).collect()
+            }
             other => {
-                return Err(format!(
-                    "tensor {:?} has dtype {}, expected F32, F16 or BF16",
-                    self.name,
-                    other.name()
-                ));
+                return Err(format!("tensor {:?} has dtype {}, expected F32, F16 or BF16", self.name, other.name()));
             }
         })
     }
@@ -283,20 +240,10 @@ impl TensorView<'_> {
     pub fn to_i64(&self) -> std::result::Result<Vec<i64>, String> {
         let b = self.bytes;
         Ok(match self.dtype {
-            Dtype::I64 => b
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8")))
-                .collect(),
-            Dtype::I32 => b
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().expect("4")) as i64)
-                .collect(),
+            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect(),
+            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4")) as i64).collect(),
             other => {
-                return Err(format!(
-                    "tensor {:?} has dtype {}, expected an integer type",
-                    self.name,
-                    other.name()
-                ));
+                return Err(format!("tensor {:?} has dtype {}, expected an integer type", self.name, other.name()));
             }
         })
     }
@@ -327,36 +274,21 @@ pub struct SafetensorsFile {
 
 impl SafetensorsFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let err = |msg: String| SafetensorsError {
-            path: path.to_owned(),
-            msg,
-        };
+        let err = |msg: String| SafetensorsError { path: path.to_owned(), msg };
         let file = File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
         // SAFETY: the map is read-only and private to this process. The one hazard of
         // mmap is another process truncating or rewriting the file while it is mapped;
         // model files are not modified in place by any tool we know of (HF writes new
         // blobs and renames), and a validated header means we never index out of range.
-        let mmap =
-            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
         let header = parse_header(&mmap).map_err(err)?;
-        Ok(SafetensorsFile {
-            path: path.to_owned(),
-            mmap: Backing::Mapped(mmap),
-            header,
-        })
+        Ok(SafetensorsFile { path: path.to_owned(), mmap: Backing::Mapped(mmap), header })
     }
 
     /// A file image already in memory; `name` stands in for the path in messages.
     pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
-        let header = parse_header(&bytes).map_err(|msg| SafetensorsError {
-            path: name.into(),
-            msg,
-        })?;
-        Ok(SafetensorsFile {
-            path: name.into(),
-            mmap: Backing::Owned(bytes),
-            header,
-        })
+        let header = parse_header(&bytes).map_err(|msg| SafetensorsError { path: name.into(), msg })?;
+        Ok(SafetensorsFile { path: name.into(), mmap: Backing::Owned(bytes), header })
     }
 
     pub fn path(&self) -> &Path {
@@ -375,12 +307,7 @@ impl SafetensorsFile {
         let (name, t) = self.header.tensors.get_key_value(name)?;
         let start = self.header.data_start + t.begin;
         let end = self.header.data_start + t.end;
-        Some(TensorView {
-            name,
-            dtype: t.dtype,
-            shape: &t.shape,
-            bytes: &self.mmap[start..end],
-        })
+        Some(TensorView { name, dtype: t.dtype, shape: &t.shape, bytes: &self.mmap[start..end] })
     }
 }
 
@@ -407,10 +334,7 @@ impl OwnedTensor {
 pub fn serialize(tensors: &[OwnedTensor], metadata: &BTreeMap<String, String>) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     if !metadata.is_empty() {
-        header.insert(
-            "__metadata__".into(),
-            serde_json::to_value(metadata).expect("string map"),
-        );
+        header.insert("__metadata__".into(), serde_json::to_value(metadata).expect("string map"));
     }
     let mut offset = 0usize;
     for t in tensors {
@@ -421,9 +345,7 @@ pub fn serialize(tensors: &[OwnedTensor], metadata: &BTreeMap<String, String>) -
         );
         offset = end;
     }
-    let mut json = serde_json::to_string(&header)
-        .expect("serializable")
-        .into_bytes();
+    let mut json = serde_json::to_string(&header).expect("serializable").into_bytes();
     // Pad the header with spaces so the data buffer is 8-byte aligned, as the reference writer does.
     while !(8 + json.len()).is_multiple_of(8) {
         json.push(b' ');
@@ -450,18 +372,13 @@ mod tests {
 
     #[test]
     fn round_trips_and_accepts_unaligned_data() {
-        let t = vec![
-            OwnedTensor::f32("a", vec![2, 3], &[1., 2., 3., 4., 5., 6.]),
-            OwnedTensor::f32("b", vec![1], &[7.]),
-        ];
+        let t =
+            vec![OwnedTensor::f32("a", vec![2, 3], &[1., 2., 3., 4., 5., 6.]), OwnedTensor::f32("b", vec![1], &[7.])];
         let bytes = serialize(&t, &BTreeMap::new());
         let h = parse_header(&bytes).unwrap();
         assert_eq!(h.tensors["a"].shape, [2, 3]);
         // A 1-byte-shorter header shifts the data to an odd offset: still readable.
-        let odd = file_with(
-            r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
-            4,
-        );
+        let odd = file_with(r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 4);
         assert_eq!((8 + 55) % 4, 3);
         assert!(parse_header(&odd).is_ok());
     }
@@ -473,34 +390,10 @@ mod tests {
             (&u64::MAX.to_le_bytes(), "exceeds"),
             (&file_with("{", 0), "not valid JSON"),
             (&file_with("[]", 0), "not a JSON object"),
-            (
-                &file_with(
-                    r#"{"x":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}}"#,
-                    4,
-                ),
-                "unknown dtype",
-            ),
-            (
-                &file_with(
-                    r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#,
-                    4,
-                ),
-                "needs 8 bytes",
-            ),
-            (
-                &file_with(
-                    r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
-                    2,
-                ),
-                "past the data buffer",
-            ),
-            (
-                &file_with(
-                    r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#,
-                    4,
-                ),
-                "invalid data_offsets",
-            ),
+            (&file_with(r#"{"x":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}}"#, 4), "unknown dtype"),
+            (&file_with(r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}"#, 4), "needs 8 bytes"),
+            (&file_with(r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 2), "past the data buffer"),
+            (&file_with(r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#, 4), "invalid data_offsets"),
             (
                 &file_with(
                     r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
@@ -508,18 +401,9 @@ mod tests {
                 ),
                 "contiguous",
             ),
+            (&file_with(r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 8), "cover 4"),
             (
-                &file_with(
-                    r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
-                    8,
-                ),
-                "cover 4",
-            ),
-            (
-                &file_with(
-                    r#"{"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#,
-                    4,
-                ),
+                &file_with(r#"{"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}}"#, 4),
                 "overflows",
             ),
         ];

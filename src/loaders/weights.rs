@@ -25,17 +25,11 @@ impl WeightStore {
         if index.is_file() {
             return Self::open_index(&index);
         }
-        bail!(
-            "{}: no model.safetensors or model.safetensors.index.json",
-            dir.display()
-        )
+        bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display())
     }
 
     pub fn from_files(paths: &[PathBuf]) -> anyhow::Result<Self> {
-        let files = paths
-            .iter()
-            .map(|p| SafetensorsFile::open(p))
-            .collect::<Result<Vec<_>, _>>()?;
+        let files = paths.iter().map(|p| SafetensorsFile::open(p)).collect::<Result<Vec<_>, _>>()?;
         Self::from_opened(files)
     }
 
@@ -49,10 +43,7 @@ impl WeightStore {
         for (i, f) in files.iter().enumerate() {
             for name in f.names() {
                 if index.insert(name.to_owned(), i).is_some() {
-                    bail!(
-                        "{}: tensor {name:?} appears in more than one shard",
-                        f.path().display()
-                    );
+                    bail!("{}: tensor {name:?} appears in more than one shard", f.path().display());
                 }
             }
         }
@@ -64,8 +55,7 @@ impl WeightStore {
         let shard_names = shard_files(index_path)?;
         let dir = index_path.parent().unwrap_or(Path::new("."));
         let paths: Vec<PathBuf> = shard_names.iter().map(|s| dir.join(s)).collect();
-        Self::from_files(&paths)
-            .with_context(|| format!("loading shards of {}", index_path.display()))
+        Self::from_files(&paths).with_context(|| format!("loading shards of {}", index_path.display()))
     }
 
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
@@ -78,36 +68,24 @@ impl WeightStore {
 
     /// Total bytes of tensor data.
     pub fn data_bytes(&self) -> usize {
-        self.names()
-            .filter_map(|n| self.get(n))
-            .map(|t| t.bytes.len())
-            .sum()
+        self.names().filter_map(|n| self.get(n)).map(|t| t.bytes.len()).sum()
     }
 }
 
 /// The distinct shard file names of an index, in first-seen order. Names must be plain
 /// file names in the same folder (no paths).
 pub fn shard_files(index_path: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(index_path)
-        .with_context(|| format!("cannot read {}", index_path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{}: invalid JSON", index_path.display()))?;
-    let map = v["weight_map"]
-        .as_object()
-        .with_context(|| format!("{}: no weight_map object", index_path.display()))?;
+    let text = std::fs::read_to_string(index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", index_path.display()))?;
+    let map = v["weight_map"].as_object().with_context(|| format!("{}: no weight_map object", index_path.display()))?;
     let mut shards: Vec<String> = Vec::new();
     for (tensor, file) in map {
-        let file = file.as_str().with_context(|| {
-            format!(
-                "{}: weight_map[{tensor:?}] is not a string",
-                index_path.display()
-            )
-        })?;
+        let file = file
+            .as_str()
+            .with_context(|| format!("{}: weight_map[{tensor:?}] is not a string", index_path.display()))?;
         if file.contains('/') || file.contains('\\') || file == ".." || file.is_empty() {
-            bail!(
-                "{}: shard name {file:?} is not a plain file name",
-                index_path.display()
-            );
+            bail!("{}: shard name {file:?} is not a plain file name", index_path.display());
         }
         if !shards.iter().any(|s| s == file) {
             shards.push(file.to_owned());

@@ -61,48 +61,27 @@ struct Names<'a> {
 impl<'a> Names<'a> {
     fn get(&self, name: &str, shape: &[usize]) -> anyhow::Result<TensorView<'a>> {
         let full = format!("{}{name}", self.prefix);
-        let t = self
-            .store
-            .get(&full)
-            .with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
-        ensure!(
-            t.shape == shape,
-            "tensor {full:?} has shape {:?}, expected {shape:?} for this config",
-            t.shape
-        );
+        let t = self.store.get(&full).with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
+        ensure!(t.shape == shape, "tensor {full:?} has shape {:?}, expected {shape:?} for this config", t.shape);
         Ok(t)
     }
 }
 
 impl<B: Backend> Gpt2<B> {
     pub fn load(backend: &B, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<Self> {
-        let prefix = if store.get("transformer.wte.weight").is_some() {
-            "transformer."
-        } else {
-            ""
-        };
+        let prefix = if store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
         let n = Names { store, prefix };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
         let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?);
-        let matrix = |name: &str, shape: [usize; 2], layout| {
-            backend.load_matrix(&n.get(name, &shape)?, layout)
-        };
-        let linear =
-            |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
-                Ok((
-                    matrix(
-                        &format!("{name}.weight"),
-                        [n_in, n_out],
-                        MatrixLayout::InOut,
-                    )?,
-                    vector(&format!("{name}.bias"), n_out)?,
-                ))
-            };
-        let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
+        let matrix = |name: &str, shape: [usize; 2], layout| backend.load_matrix(&n.get(name, &shape)?, layout);
+        let linear = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
             Ok((
-                vector(&format!("{name}.weight"), c)?,
-                vector(&format!("{name}.bias"), c)?,
+                matrix(&format!("{name}.weight"), [n_in, n_out], MatrixLayout::InOut)?,
+                vector(&format!("{name}.bias"), n_out)?,
             ))
+        };
+        let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
+            Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
         };
         if store.get("lm_head.weight").is_some() {
             // GPT-2 ties the head to wte; an untied head is not a GPT-2 checkpoint we know.
@@ -158,12 +137,17 @@ impl<B: Backend> Gpt2<B> {
         let (tokens, seqs) = (batch.tokens, batch.seqs);
         ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            bail!(
-                "token id {bad} is out of range (vocabulary size {})",
-                cfg.vocab_size
-            );
+            bail!("token id {bad} is out of range (vocabulary size {})", cfg.vocab_size);
         }
-        let mut positions = vec![0u32; tokens.len()];
+        // Positions of each row (on the stack for decode-sized batches: no allocation).
+        let mut small = [0u32; 64];
+        let mut large = Vec::new();
+        let positions: &mut [u32] = if tokens.len() <= small.len() {
+            &mut small[..tokens.len()]
+        } else {
+            large.resize(tokens.len(), 0);
+            &mut large
+        };
         let mut covered = 0;
         for s in seqs {
             ensure!(
@@ -181,50 +165,48 @@ impl<B: Backend> Gpt2<B> {
                 positions[r] = (s.start_pos + i) as u32;
             }
         }
-        ensure!(
-            covered == tokens.len(),
-            "sequence slices must cover every token"
-        );
+        ensure!(covered == tokens.len(), "sequence slices must cover every token");
 
+        let eps = cfg.layer_norm_epsilon;
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
         let mut x = backend.embed(&self.wte, tokens); // (T, C)
-        backend.add(&mut x, &backend.embed(&self.wpe, &positions));
+        backend.add(&mut x, &backend.embed(&self.wpe, positions));
+        let first_ln = &self.blocks[0].ln_1;
+        let mut h = backend.layer_norm(&x, &first_ln.0, &first_ln.1, eps); // ln_1(x): (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
-            // Attention sub-block.
-            let h = backend.layer_norm(&x, &b.ln_1.0, &b.ln_1.1, cfg.layer_norm_epsilon); // (T, C)
+            // Attention: x = x + c_proj(attn(c_attn(ln_1(x)))).
             let qkv = backend.linear(&h, &b.c_attn.0, Some(&b.c_attn.1)); // (T, 3C)
-            let layer_scale = if cfg.scale_attn_by_inverse_layer_idx {
-                scale / (layer + 1) as f32
-            } else {
-                scale
-            };
+            let layer_scale = if cfg.scale_attn_by_inverse_layer_idx { scale / (layer + 1) as f32 } else { scale };
             let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale); // (T, C)
-            backend.add(
-                &mut x,
-                &backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)),
-            );
-            // MLP sub-block.
-            let h = backend.layer_norm(&x, &b.ln_2.0, &b.ln_2.1, cfg.layer_norm_epsilon); // (T, C)
-            let mut up = backend.linear(&h, &b.c_fc.0, Some(&b.c_fc.1)); // (T, 4C)
-            backend.gelu(&mut up);
-            backend.add(
-                &mut x,
-                &backend.linear(&up, &b.mlp_proj.0, Some(&b.mlp_proj.1)),
-            ); // (T, C)
+            let attn_out = backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)); // (T, C)
+            h = backend.add_layer_norm(&mut x, &attn_out, &b.ln_2.0, &b.ln_2.1, eps); // x += attn; h = ln_2(x)
+            // MLP: x = x + mlp_proj(gelu(c_fc(ln_2(x)))).
+            let up = backend.linear_gelu(&h, &b.c_fc.0, Some(&b.c_fc.1)); // (T, 4C)
+            let mlp_out = backend.linear(&up, &b.mlp_proj.0, Some(&b.mlp_proj.1)); // (T, C)
+            match self.blocks.get(layer + 1) {
+                // x += mlp; h = next block's ln_1(x)
+                Some(next) => h = backend.add_layer_norm(&mut x, &mlp_out, &next.ln_1.0, &next.ln_1.1, eps),
+                None => backend.add(&mut x, &mlp_out),
+            }
         }
         // Only the rows whose next token is wanted go through ln_f and the (V × C) head.
         let x = match which {
             LogitRows::All => x,
             LogitRows::LastOfEachSeq => {
-                let last: Vec<usize> = seqs
-                    .iter()
-                    .filter(|s| !s.rows.is_empty())
-                    .map(|s| s.rows.end - 1)
-                    .collect();
-                backend.select_rows(&x, &last)
+                let mut last = [0usize; 64];
+                let mut last_large = Vec::new();
+                let rows = seqs.iter().filter(|s| !s.rows.is_empty()).map(|s| s.rows.end - 1);
+                let last: &[usize] = if seqs.len() <= last.len() {
+                    let n = rows.zip(last.iter_mut()).map(|(r, slot)| *slot = r).count();
+                    &last[..n]
+                } else {
+                    last_large.extend(rows);
+                    &last_large
+                };
+                backend.select_rows(&x, last)
             }
         };
-        let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, cfg.layer_norm_epsilon);
+        let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, eps); // (rows, C)
         Ok(backend.linear(&x, &self.wte, None)) // (rows, V)
     }
 }

@@ -31,11 +31,7 @@ pub fn random_checkpoint(config: &Gpt2Config, seed: u64) -> Vec<u8> {
     let mut t = Vec::new();
     let mut add = |name: String, shape: Vec<usize>, mean: f32, std: f32| {
         let n = shape.iter().product();
-        t.push(OwnedTensor::f32(
-            &name,
-            shape,
-            &normal(&mut rng, n, mean, std),
-        ));
+        t.push(OwnedTensor::f32(&name, shape, &normal(&mut rng, n, mean, std)));
     };
     add("wte.weight".into(), vec![config.vocab_size, c], 0.0, 0.02);
     add("wpe.weight".into(), vec![config.n_positions, c], 0.0, 0.01);
@@ -45,12 +41,9 @@ pub fn random_checkpoint(config: &Gpt2Config, seed: u64) -> Vec<u8> {
             add(format!("{p}.{ln}.weight"), vec![c], 1.0, 0.02);
             add(format!("{p}.{ln}.bias"), vec![c], 0.0, 0.02);
         }
-        for (name, n_in, n_out) in [
-            ("attn.c_attn", c, 3 * c),
-            ("attn.c_proj", c, c),
-            ("mlp.c_fc", c, f),
-            ("mlp.c_proj", f, c),
-        ] {
+        for (name, n_in, n_out) in
+            [("attn.c_attn", c, 3 * c), ("attn.c_proj", c, c), ("mlp.c_fc", c, f), ("mlp.c_proj", f, c)]
+        {
             add(format!("{p}.{name}.weight"), vec![n_in, n_out], 0.0, 0.02);
             add(format!("{p}.{name}.bias"), vec![n_out], 0.0, 0.02);
         }

@@ -22,10 +22,7 @@ use serde_json::Value;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {msg}")]
     Format { path: PathBuf, msg: String },
     #[error("token id {id} is out of range (vocabulary size {vocab_size})")]
@@ -52,17 +49,11 @@ pub struct Tokenizer {
 }
 
 fn format_err(path: &Path, msg: impl Into<String>) -> TokenizerError {
-    TokenizerError::Format {
-        path: path.to_owned(),
-        msg: msg.into(),
-    }
+    TokenizerError::Format { path: path.to_owned(), msg: msg.into() }
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
-        path: path.to_owned(),
-        source,
-    })
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_owned(), source })
 }
 
 impl Tokenizer {
@@ -76,48 +67,33 @@ impl Tokenizer {
         if vocab.is_file() && merges.is_file() {
             return Self::from_vocab_merges(&vocab, &merges);
         }
-        Err(format_err(
-            dir,
-            "no tokenizer.json, and no vocab.json + merges.txt",
-        ))
+        Err(format_err(dir, "no tokenizer.json, and no vocab.json + merges.txt"))
     }
 
     /// Load HF `tokenizer.json` (byte-level BPE only).
     pub fn from_tokenizer_json(path: &Path) -> Result<Self> {
-        let root: Value = serde_json::from_str(&read(path)?)
-            .map_err(|e| format_err(path, format!("invalid JSON: {e}")))?;
+        let root: Value =
+            serde_json::from_str(&read(path)?).map_err(|e| format_err(path, format!("invalid JSON: {e}")))?;
         let model = &root["model"];
         if model["type"].as_str() != Some("BPE") {
-            return Err(format_err(
-                path,
-                format!("model type {} is not supported (only BPE)", model["type"]),
-            ));
+            return Err(format_err(path, format!("model type {} is not supported (only BPE)", model["type"])));
         }
         let pre = &root["pre_tokenizer"];
-        if pre["type"].as_str() != Some("ByteLevel")
-            || pre["add_prefix_space"].as_bool() == Some(true)
-        {
+        if pre["type"].as_str() != Some("ByteLevel") || pre["add_prefix_space"].as_bool() == Some(true) {
             return Err(format_err(
                 path,
-                format!(
-                    "pre_tokenizer {pre} is not supported (only GPT-2 ByteLevel without prefix space)"
-                ),
+                format!("pre_tokenizer {pre} is not supported (only GPT-2 ByteLevel without prefix space)"),
             ));
         }
-        let vocab = model["vocab"]
-            .as_object()
-            .ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
+        let vocab = model["vocab"].as_object().ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
         let vocab: Vec<(String, u32)> = vocab
             .iter()
             .map(|(k, v)| {
                 let id = v.as_u64().and_then(|v| u32::try_from(v).ok());
-                id.map(|id| (k.clone(), id))
-                    .ok_or_else(|| format_err(path, format!("vocab id of {k:?} is not a u32")))
+                id.map(|id| (k.clone(), id)).ok_or_else(|| format_err(path, format!("vocab id of {k:?} is not a u32")))
             })
             .collect::<Result<_>>()?;
-        let merges_v = model["merges"]
-            .as_array()
-            .ok_or_else(|| format_err(path, "model.merges is not an array"))?;
+        let merges_v = model["merges"].as_array().ok_or_else(|| format_err(path, "model.merges is not an array"))?;
         let mut merges = Vec::with_capacity(merges_v.len());
         for m in merges_v {
             let pair = match m {
@@ -133,8 +109,7 @@ impl Tokenizer {
         let mut specials = Vec::new();
         for t in root["added_tokens"].as_array().into_iter().flatten() {
             if let (Some(content), Some(id)) = (t["content"].as_str(), t["id"].as_u64()) {
-                let id = u32::try_from(id)
-                    .map_err(|_| format_err(path, "added token id is not a u32"))?;
+                let id = u32::try_from(id).map_err(|_| format_err(path, "added token id is not a u32"))?;
                 specials.push((content.to_owned(), id));
             }
         }
@@ -151,16 +126,13 @@ impl Tokenizer {
             if (n == 0 && line.starts_with("#version")) || line.is_empty() {
                 continue;
             }
-            let (a, b) = line.split_once(' ').ok_or_else(|| {
-                format_err(merges_path, format!("line {}: expected two tokens", n + 1))
-            })?;
+            let (a, b) = line
+                .split_once(' ')
+                .ok_or_else(|| format_err(merges_path, format!("line {}: expected two tokens", n + 1)))?;
             merges.push((a.to_owned(), b.to_owned()));
         }
         // GPT-2's one special token lives in vocab.json; mark it special as HF does.
-        let specials = vocab
-            .get("<|endoftext|>")
-            .map(|&id| vec![("<|endoftext|>".to_owned(), id)])
-            .unwrap_or_default();
+        let specials = vocab.get("<|endoftext|>").map(|&id| vec![("<|endoftext|>".to_owned(), id)]).unwrap_or_default();
         Self::build(vocab_path, vocab.into_iter().collect(), merges, specials)
     }
 
@@ -171,31 +143,18 @@ impl Tokenizer {
         mut specials: Vec<(String, u32)>,
     ) -> Result<Self> {
         let table = byte_level::byte_to_char_table();
-        let special_ids: HashMap<u32, &str> =
-            specials.iter().map(|(s, id)| (*id, s.as_str())).collect();
-        let max_id = vocab
-            .iter()
-            .map(|v| v.1)
-            .chain(specials.iter().map(|s| s.1))
-            .max()
-            .unwrap_or(0);
+        let special_ids: HashMap<u32, &str> = specials.iter().map(|(s, id)| (*id, s.as_str())).collect();
+        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.1)).max().unwrap_or(0);
         if max_id > 10_000_000 {
-            return Err(format_err(
-                path,
-                format!("token id {max_id} is implausibly large"),
-            ));
+            return Err(format_err(path, format!("token id {max_id} is implausibly large")));
         }
         let mut decoder = vec![Vec::new(); max_id as usize + 1];
         let mut encoder = HashMap::with_capacity(vocab.len());
         for (token, id) in &vocab {
             let bytes = match special_ids.get(id) {
                 Some(s) => s.as_bytes().to_vec(),
-                None => byte_level::token_string_to_bytes(token, &table).ok_or_else(|| {
-                    format_err(
-                        path,
-                        format!("vocab token {token:?} is not byte-level text"),
-                    )
-                })?,
+                None => byte_level::token_string_to_bytes(token, &table)
+                    .ok_or_else(|| format_err(path, format!("vocab token {token:?} is not byte-level text")))?,
             };
             decoder[*id as usize] = bytes.clone();
             encoder.insert(bytes, *id);
@@ -205,34 +164,25 @@ impl Tokenizer {
         }
         let mut byte_ids = [0u32; 256];
         for b in 0..=255u8 {
-            byte_ids[b as usize] = *encoder.get(&[b][..]).ok_or_else(|| {
-                format_err(path, format!("vocabulary lacks the single byte {b:#04x}"))
-            })?;
+            byte_ids[b as usize] = *encoder
+                .get(&[b][..])
+                .ok_or_else(|| format_err(path, format!("vocabulary lacks the single byte {b:#04x}")))?;
         }
         let lookup = |s: &str| -> Result<u32> {
-            let bytes = byte_level::token_string_to_bytes(s, &table).ok_or_else(|| {
-                format_err(path, format!("merge token {s:?} is not byte-level text"))
-            })?;
-            encoder.get(&bytes).copied().ok_or_else(|| {
-                format_err(path, format!("merge token {s:?} is not in the vocabulary"))
-            })
+            let bytes = byte_level::token_string_to_bytes(s, &table)
+                .ok_or_else(|| format_err(path, format!("merge token {s:?} is not byte-level text")))?;
+            encoder
+                .get(&bytes)
+                .copied()
+                .ok_or_else(|| format_err(path, format!("merge token {s:?} is not in the vocabulary")))
         };
         let mut merge_map = HashMap::with_capacity(merges.len());
         for (rank, (a, b)) in merges.iter().enumerate() {
             let merged = lookup(&format!("{a}{b}"))?;
-            merge_map
-                .entry((lookup(a)?, lookup(b)?))
-                .or_insert((rank as u32, merged));
+            merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
         }
         specials.sort_by_key(|(s, _)| Reverse(s.len()));
-        Ok(Tokenizer {
-            encoder,
-            decoder,
-            merges: merge_map,
-            byte_ids,
-            specials,
-            cache: Mutex::new(HashMap::new()),
-        })
+        Ok(Tokenizer { encoder, decoder, merges: merge_map, byte_ids, specials, cache: Mutex::new(HashMap::new()) })
     }
 
     /// Number of ids (one past the largest token id).
@@ -328,27 +278,22 @@ impl Tokenizer {
             .collect();
         // (rank, left position, left id, right id), smallest first.
         let mut heap = BinaryHeap::new();
-        let push_pair =
-            |heap: &mut BinaryHeap<Reverse<(u32, usize, u32, u32)>>, syms: &[Sym], left: usize| {
-                let right = syms[left].next;
-                if right == NONE {
-                    return;
-                }
-                if let Some(&(rank, _)) = self.merges.get(&(syms[left].id, syms[right].id)) {
-                    heap.push(Reverse((rank, left, syms[left].id, syms[right].id)));
-                }
-            };
+        let push_pair = |heap: &mut BinaryHeap<Reverse<(u32, usize, u32, u32)>>, syms: &[Sym], left: usize| {
+            let right = syms[left].next;
+            if right == NONE {
+                return;
+            }
+            if let Some(&(rank, _)) = self.merges.get(&(syms[left].id, syms[right].id)) {
+                heap.push(Reverse((rank, left, syms[left].id, syms[right].id)));
+            }
+        };
         for i in 0..n.saturating_sub(1) {
             push_pair(&mut heap, &syms, i);
         }
         while let Some(Reverse((_, left, left_id, right_id))) = heap.pop() {
             let right = syms[left].next;
             // Skip stale candidates whose symbols have since been merged away.
-            if !syms[left].alive
-                || syms[left].id != left_id
-                || right == NONE
-                || syms[right].id != right_id
-            {
+            if !syms[left].alive || syms[left].id != left_id || right == NONE || syms[right].id != right_id {
                 continue;
             }
             let (_, merged) = self.merges[&(left_id, right_id)];
@@ -376,10 +321,7 @@ impl Tokenizer {
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         match self.decoder.get(id as usize) {
             Some(b) if !b.is_empty() => Ok(b),
-            _ => Err(TokenizerError::BadId {
-                id,
-                vocab_size: self.decoder.len(),
-            }),
+            _ => Err(TokenizerError::BadId { id, vocab_size: self.decoder.len() }),
         }
     }
 
@@ -403,20 +345,10 @@ mod tests {
     use super::*;
 
     fn tiny() -> Tokenizer {
-        let mut vocab: Vec<(String, u32)> = (0..=255u8)
-            .map(|b| {
-                (
-                    byte_level::byte_to_char_table()[b as usize].to_string(),
-                    b as u32,
-                )
-            })
-            .collect();
+        let mut vocab: Vec<(String, u32)> =
+            (0..=255u8).map(|b| (byte_level::byte_to_char_table()[b as usize].to_string(), b as u32)).collect();
         vocab.extend([("aa".into(), 256), ("aaa".into(), 257), ("ab".into(), 258)]);
-        let merges = vec![
-            ("a".into(), "a".into()),
-            ("aa".into(), "a".into()),
-            ("a".into(), "b".into()),
-        ];
+        let merges = vec![("a".into(), "a".into()), ("aa".into(), "a".into()), ("a".into(), "b".into())];
         Tokenizer::build(Path::new("test"), vocab, merges, vec![]).unwrap()
     }
 

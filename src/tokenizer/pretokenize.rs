@@ -33,11 +33,9 @@ fn class_of(c: char) -> Class {
         return Class::Space;
     }
     match get_general_category(c) {
-        G::UppercaseLetter
-        | G::LowercaseLetter
-        | G::TitlecaseLetter
-        | G::ModifierLetter
-        | G::OtherLetter => Class::Letter,
+        G::UppercaseLetter | G::LowercaseLetter | G::TitlecaseLetter | G::ModifierLetter | G::OtherLetter => {
+            Class::Letter
+        }
         G::DecimalNumber | G::LetterNumber | G::OtherNumber => Class::Number,
         _ => Class::Other,
     }
@@ -72,9 +70,7 @@ impl<'a> PreTokens<'a> {
     /// End of the run of characters of `class` starting at byte `from`.
     fn run_end(&self, from: usize, class: Class) -> usize {
         let rest = &self.text[from..];
-        rest.char_indices()
-            .find(|&(_, c)| class_of(c) != class)
-            .map_or(self.text.len(), |(i, _)| from + i)
+        rest.char_indices().find(|&(_, c)| class_of(c) != class).map_or(self.text.len(), |(i, _)| from + i)
     }
 
     fn next_piece_end(&self) -> usize {
@@ -103,15 +99,8 @@ impl<'a> PreTokens<'a> {
         if end == self.text.len() {
             return end;
         }
-        let last_len = self.text[start..end]
-            .chars()
-            .next_back()
-            .map_or(0, char::len_utf8);
-        if end - start > last_len {
-            end - last_len
-        } else {
-            end
-        }
+        let last_len = self.text[start..end].chars().next_back().map_or(0, char::len_utf8);
+        if end - start > last_len { end - last_len } else { end }
     }
 }
 
@@ -143,10 +132,7 @@ mod tests {
         assert_eq!(split("a   b"), ["a", "  ", " b"]);
         assert_eq!(split("a \n b"), ["a", " \n", " b"]);
         assert_eq!(split("trailing  "), ["trailing", "  "]);
-        assert_eq!(
-            split("I'm it's we'll"),
-            ["I", "'m", " it", "'s", " we", "'ll"]
-        );
+        assert_eq!(split("I'm it's we'll"), ["I", "'m", " it", "'s", " we", "'ll"]);
         assert_eq!(split("x1234y"), ["x", "1234", "y"]);
         assert_eq!(split(" ?!"), [" ?!"]);
         assert_eq!(split("\n\nHi"), ["\n", "\n", "Hi"]);

@@ -28,9 +28,7 @@ impl StreamDecoder {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[..valid]).expect("checked valid prefix"),
-                    );
+                    out.push_str(std::str::from_utf8(&self.pending[..valid]).expect("checked valid prefix"));
                     match e.error_len() {
                         // An incomplete sequence at the end: hold it back.
                         None => {

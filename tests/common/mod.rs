@@ -18,9 +18,7 @@ pub const CHECKPOINTS: [&str; 3] = ["tiny-gpt2", "tiny-gpt2-hf-saved", "tiny-gpt
 pub const LOGIT_TOL: f32 = 1e-4;
 
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 pub fn reference(checkpoint: &str) -> Value {
@@ -29,11 +27,7 @@ pub fn reference(checkpoint: &str) -> Value {
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 pub fn engine(checkpoint: &str) -> Engine<ReferenceBackend> {

@@ -1,0 +1,396 @@
+//! Packed weights and the matrix-multiply kernels: GEMV for decode, cache-blocked GEMM
+//! for prefill, both streaming each weight byte once per call.
+//!
+//! Weights are packed at load time into panels of [`NR`] = 16 output columns, each
+//! panel stored k-major: `panel[p][k][j] = W[k][16p + j]` (zero-padded past `n_out`).
+//! A panel is one contiguous stream, which is what both kernels want: GEMV reads each
+//! panel once, front to back; the GEMM micro-kernel multiplies an `MR × KC` block of
+//! activations by a `KC × 16` slice of a panel held in L1.
+//!
+//! Elements stay in their storage type (f32, f16, bf16) and are widened to f32 in
+//! registers, so 16-bit weights halve the bytes each token streams.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::simd::{self, Isa};
+
+/// Columns per panel: two AVX2 registers of f32.
+pub const NR: usize = 16;
+/// Rows per GEMM micro-kernel call: 6 × 2 accumulators + 2 B vectors + 1 broadcast fit in 16 ymm.
+const MR: usize = 6;
+/// K block: a 256 × 16 panel slice is 16 KiB in f32, resident in L1 across the row blocks.
+const KC: usize = 256;
+/// Column group per parallel task in GEMM (8 panels): its KC-slice (128 KiB) stays in L2.
+const NC_PANELS: usize = 8;
+/// Up to this many rows, a call is treated as GEMV (stream panels once, all rows at a time).
+const GEMV_MAX_ROWS: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl WeightDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::BF16 => "bf16",
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::F16 | WeightDtype::BF16 => 2,
+        }
+    }
+}
+
+/// Panel storage in one of the supported element types.
+pub enum PanelData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+}
+
+pub struct PackedMatrix {
+    pub n_in: usize,
+    pub n_out: usize,
+    pub n_panels: usize,
+    pub data: PanelData,
+}
+
+impl PackedMatrix {
+    /// Pack `get(k, j)` = W[k][j] (logical `[n_in, n_out]`) into panels of `dtype`.
+    pub fn pack(n_in: usize, n_out: usize, dtype: WeightDtype, get: impl Fn(usize, usize) -> f32 + Sync) -> Self {
+        let n_panels = n_out.div_ceil(NR);
+        let fill = |p: usize, panel: &mut [f32]| {
+            for k in 0..n_in {
+                for j in 0..NR {
+                    let col = p * NR + j;
+                    panel[k * NR + j] = if col < n_out { get(k, col) } else { 0.0 };
+                }
+            }
+        };
+        let mut f = vec![0.0f32; n_panels * n_in * NR];
+        f.par_chunks_mut(n_in * NR).enumerate().for_each(|(p, panel)| fill(p, panel));
+        let data = match dtype {
+            WeightDtype::F32 => PanelData::F32(f),
+            WeightDtype::F16 => PanelData::F16(f.par_iter().map(|&v| f16::from_f32(v)).collect()),
+            WeightDtype::BF16 => PanelData::BF16(f.par_iter().map(|&v| bf16::from_f32(v)).collect()),
+        };
+        PackedMatrix { n_in, n_out, n_panels, data }
+    }
+
+    pub fn dtype(&self) -> WeightDtype {
+        match self.data {
+            PanelData::F32(_) => WeightDtype::F32,
+            PanelData::F16(_) => WeightDtype::F16,
+            PanelData::BF16(_) => WeightDtype::BF16,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.n_panels * self.n_in * NR * self.dtype().size()
+    }
+
+    /// Column `j` (all k) into `out`: an embedding-table row when the table is the LM head.
+    pub fn column(&self, j: usize, out: &mut [f32]) {
+        assert!(j < self.n_out && out.len() == self.n_in, "column {j} out of range");
+        let base = (j / NR) * self.n_in * NR + j % NR;
+        match &self.data {
+            PanelData::F32(d) => out.iter_mut().enumerate().for_each(|(k, o)| *o = d[base + k * NR]),
+            PanelData::F16(d) => out.iter_mut().enumerate().for_each(|(k, o)| *o = d[base + k * NR].to_f32()),
+            PanelData::BF16(d) => out.iter_mut().enumerate().for_each(|(k, o)| *o = d[base + k * NR].to_f32()),
+        }
+    }
+
+    /// W[k][j] as f32.
+    pub fn get(&self, k: usize, j: usize) -> f32 {
+        let i = (j / NR) * self.n_in * NR + k * NR + j % NR;
+        match &self.data {
+            PanelData::F32(d) => d[i],
+            PanelData::F16(d) => d[i].to_f32(),
+            PanelData::BF16(d) => d[i].to_f32(),
+        }
+    }
+}
+
+/// What to do with each output after the dot products: add bias, optionally GELU.
+#[derive(Clone, Copy)]
+pub struct Epilogue<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub gelu: bool,
+}
+
+/// A raw output pointer that parallel tasks share; each writes a disjoint column range.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks given an OutPtr write only to their own disjoint column ranges (see
+// `matmul`), so no two threads touch the same element.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[T, n_out] = x[T, n_in] @ W (+ bias) (→ GELU)`.
+pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    assert_eq!(x.len(), rows * n_in, "matmul: input shape");
+    assert_eq!(out.len(), rows * n_out, "matmul: output shape");
+    if let Some(b) = epi.bias {
+        assert_eq!(b.len(), n_out, "matmul: bias length");
+    }
+    if rows == 0 {
+        return;
+    }
+    let optr = OutPtr(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    // Split panels into contiguous runs: a few per thread for GEMV (pure streaming), or
+    // L2-sized column groups for GEMM.
+    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 4).max(1) } else { NC_PANELS };
+    let n_groups = w.n_panels.div_ceil(group);
+    (0..n_groups).into_par_iter().for_each(|g| {
+        let panels = g * group..((g + 1) * group).min(w.n_panels);
+        let optr = optr;
+        // SAFETY: this task writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out)
+        // of each of the `rows` output rows; groups are disjoint; `out` outlives the scope.
+        let out_cols = |r: usize| unsafe { optr.0.add(r * n_out) };
+        match &w.data {
+            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
+            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
+            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
+        }
+    });
+}
+
+/// Element types a panel can hold.
+pub(crate) trait PanelElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    #[cfg(target_arch = "x86_64")]
+    /// AVX2 micro-kernel for this element type.
+    const KERNEL: x86::KernelFn<Self>;
+}
+
+impl PanelElem for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    const KERNEL: x86::KernelFn<f32> = x86::kernel_f32;
+}
+
+impl PanelElem for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    const KERNEL: x86::KernelFn<f16> = x86::kernel_f16;
+}
+
+impl PanelElem for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    const KERNEL: x86::KernelFn<bf16> = x86::kernel_bf16;
+}
+
+/// One micro-kernel call: `acc[r][0..16] (+)= Σ_k a[r][k] · panel[k][0..16]` for
+/// `r < mr`, `k < kc`. `a` rows are `lda` apart; `acc` is `[MR][NR]`.
+pub(crate) struct Tile<'a, T> {
+    a: &'a [f32],
+    lda: usize,
+    mr: usize,
+    panel: &'a [T],
+    kc: usize,
+}
+
+fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
+    for k in 0..t.kc {
+        let b: [f32; NR] = std::array::from_fn(|j| t.panel[k * NR + j].to_f32());
+        for (r, acc_r) in acc.iter_mut().enumerate().take(t.mr) {
+            let a = t.a[r * t.lda + k];
+            for j in 0..NR {
+                acc_r[j] += a * b[j];
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_group<T: PanelElem>(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    n_in: usize,
+    n_out: usize,
+    data: &[T],
+    panels: std::ops::Range<usize>,
+    epi: Epilogue,
+    out_row: &dyn Fn(usize) -> *mut f32,
+) {
+    let mut acc = [[0.0f32; NR]; MR];
+    let kc_step = if rows <= GEMV_MAX_ROWS { n_in } else { KC };
+    for r0 in (0..rows).step_by(MR) {
+        let mr = MR.min(rows - r0);
+        for p in panels.clone() {
+            let panel = &data[p * n_in * NR..(p + 1) * n_in * NR];
+            for acc_r in acc.iter_mut() {
+                *acc_r = [0.0; NR];
+            }
+            for k0 in (0..n_in).step_by(kc_step) {
+                let kc = kc_step.min(n_in - k0);
+                let tile = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel[k0 * NR..], kc };
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => {
+                        // SAFETY: detection proved AVX2/FMA/F16C; `tile` bounds are checked inside.
+                        unsafe { T::KERNEL(&tile, &mut acc) }
+                    }
+                    _ => tile_portable(&tile, &mut acc),
+                }
+            }
+            // Epilogue on the finished 16-column tile, still in L1.
+            let j0 = p * NR;
+            let nj = NR.min(n_out - j0);
+            for (r, acc_r) in acc.iter_mut().enumerate().take(mr) {
+                let vals = &mut acc_r[..nj];
+                if let Some(b) = epi.bias {
+                    for (v, bv) in vals.iter_mut().zip(&b[j0..j0 + nj]) {
+                        *v += bv;
+                    }
+                }
+                if epi.gelu {
+                    simd::gelu(isa, vals);
+                }
+                // SAFETY: row r0 + r < rows and columns j0..j0 + nj < n_out belong to this
+                // task's panel range (see `matmul`).
+                unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), out_row(r0 + r).add(j0), nj) };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::{bf16, f16};
+
+    use super::{MR, NR, Tile};
+
+    pub(crate) type KernelFn<T> = unsafe fn(&Tile<T>, &mut [[f32; NR]; MR]);
+
+    macro_rules! kernel {
+        ($name:ident, $t:ty, $load:expr) => {
+            /// # Safety
+            /// Needs AVX2, FMA and F16C.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(crate) unsafe fn $name(t: &Tile<$t>, acc: &mut [[f32; NR]; MR]) {
+                assert!(t.panel.len() >= t.kc * NR, "panel slice too short");
+                assert!(
+                    t.mr >= 1 && t.mr <= MR && t.a.len() >= (t.mr - 1) * t.lda + t.kc,
+                    "activation slice too short"
+                );
+                let load: unsafe fn(*const $t) -> __m256 = $load;
+                let (a, b) = (t.a.as_ptr(), t.panel.as_ptr());
+                // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted above.
+                unsafe {
+                    match t.mr {
+                        1 => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
+                        2 => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
+                        3 => block::<3, $t>(a, t.lda, b, t.kc, acc, load),
+                        4 => block::<4, $t>(a, t.lda, b, t.kc, acc, load),
+                        5 => block::<5, $t>(a, t.lda, b, t.kc, acc, load),
+                        _ => block::<6, $t>(a, t.lda, b, t.kc, acc, load),
+                    }
+                }
+            }
+        };
+    }
+
+    kernel!(kernel_f32, f32, |p| unsafe { _mm256_loadu_ps(p) });
+    kernel!(kernel_f16, f16, |p| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) });
+    kernel!(kernel_bf16, bf16, |p| unsafe {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+    });
+
+    /// Few rows (decode): unroll k by 4 with independent accumulators, so the FMA latency
+    /// chain never limits how fast the panel streams in.
+    #[inline(always)]
+    unsafe fn gemv_rows<const R: usize, T>(
+        a: *const f32,
+        lda: usize,
+        b: *const T,
+        kc: usize,
+        acc: &mut [[f32; NR]; MR],
+        load: unsafe fn(*const T) -> __m256,
+    ) {
+        unsafe {
+            let mut s = [[[_mm256_setzero_ps(); 2]; 4]; R];
+            let mut k = 0;
+            while k + 4 <= kc {
+                for u in 0..4 {
+                    let b0 = load(b.add((k + u) * NR));
+                    let b1 = load(b.add((k + u) * NR + 8));
+                    for r in 0..R {
+                        let av = _mm256_broadcast_ss(&*a.add(r * lda + k + u));
+                        s[r][u][0] = _mm256_fmadd_ps(av, b0, s[r][u][0]);
+                        s[r][u][1] = _mm256_fmadd_ps(av, b1, s[r][u][1]);
+                    }
+                }
+                k += 4;
+            }
+            while k < kc {
+                let b0 = load(b.add(k * NR));
+                let b1 = load(b.add(k * NR + 8));
+                for r in 0..R {
+                    let av = _mm256_broadcast_ss(&*a.add(r * lda + k));
+                    s[r][0][0] = _mm256_fmadd_ps(av, b0, s[r][0][0]);
+                    s[r][0][1] = _mm256_fmadd_ps(av, b1, s[r][0][1]);
+                }
+                k += 1;
+            }
+            for r in 0..R {
+                for h in 0..2 {
+                    let v = _mm256_add_ps(_mm256_add_ps(s[r][0][h], s[r][1][h]), _mm256_add_ps(s[r][2][h], s[r][3][h]));
+                    let p = acc[r].as_mut_ptr().add(8 * h);
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), v));
+                }
+            }
+        }
+    }
+
+    /// The GEMM micro-kernel: R × 16 accumulators in registers.
+    #[inline(always)]
+    unsafe fn block<const R: usize, T>(
+        a: *const f32,
+        lda: usize,
+        b: *const T,
+        kc: usize,
+        acc: &mut [[f32; NR]; MR],
+        load: unsafe fn(*const T) -> __m256,
+    ) {
+        unsafe {
+            let mut s = [[_mm256_setzero_ps(); 2]; R];
+            for k in 0..kc {
+                let b0 = load(b.add(k * NR));
+                let b1 = load(b.add(k * NR + 8));
+                for r in 0..R {
+                    let av = _mm256_broadcast_ss(&*a.add(r * lda + k));
+                    s[r][0] = _mm256_fmadd_ps(av, b0, s[r][0]);
+                    s[r][1] = _mm256_fmadd_ps(av, b1, s[r][1]);
+                }
+            }
+            for r in 0..R {
+                for h in 0..2 {
+                    let p = acc[r].as_mut_ptr().add(8 * h);
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), s[r][h]));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The fast CPU backend: packed weights (f32, f16 or bf16), AVX2/FMA kernels with a
+//! portable fallback, rayon threads, and recycled activation buffers so the decode
+//! loop does not touch the heap after its first step.
+//!
+//! Ops and what they fuse:
+//! - `linear` / `linear_gelu`: GEMV (decode) or blocked GEMM (prefill) over packed
+//!   panels, with bias and GELU applied to each output tile while it is in L1;
+//! - `add_layer_norm`: the residual add and the next LayerNorm in one pass per row;
+//! - `attention`: per (row, head) task over an f32 or f16 KV cache.
+
+pub mod matmul;
+pub mod simd;
+
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, ensure};
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use crate::loaders::safetensors::{Dtype, TensorView};
+use matmul::{Epilogue, matmul};
+pub use matmul::{PackedMatrix, WeightDtype};
+pub use simd::Isa;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Weight storage; `None` keeps the file's dtype (f32, f16 or bf16).
+    pub weight_dtype: Option<WeightDtype>,
+    /// Store the KV cache as f16 (half the memory and attention bandwidth).
+    pub kv_f16: bool,
+    pub isa: Isa,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions { weight_dtype: None, kv_f16: false, isa: Isa::detect() }
+    }
+}
+
+pub struct CpuBackend {
+    pub opts: CpuOptions,
+    pool: Arc<BufferPool>,
+}
+
+impl CpuBackend {
+    pub fn new(opts: CpuOptions) -> anyhow::Result<Self> {
+        ensure!(opts.isa.available(), "this CPU lacks the {} instructions", opts.isa.name());
+        Ok(CpuBackend { opts, pool: Arc::new(BufferPool::default()) })
+    }
+
+    fn take(&self, rows: usize, cols: usize) -> CpuAct {
+        CpuAct { rows, cols, buf: self.pool.take(rows * cols, &self.pool) }
+    }
+
+    /// An activation matrix from host data (tests, parity checks).
+    pub fn upload(&self, m: &HostMatrix) -> CpuAct {
+        let mut a = self.take(m.rows, m.cols);
+        a.copy_from_slice(&m.data);
+        a
+    }
+}
+
+/// Recycles activation buffers: after the first decode step every buffer a step needs
+/// is already here, so steady-state decoding makes no heap allocations.
+#[derive(Default)]
+struct BufferPool {
+    free: Mutex<Vec<Vec<f32>>>,
+}
+
+const POOL_MAX_BUFFERS: usize = 64;
+
+impl BufferPool {
+    fn take(&self, n: usize, me: &Arc<BufferPool>) -> PooledBuf {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        // Smallest free buffer that is large enough.
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= n)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        let mut data = match best {
+            Some(i) => free.swap_remove(i),
+            None => Vec::with_capacity(n),
+        };
+        drop(free);
+        data.clear();
+        data.resize(n, 0.0);
+        PooledBuf { data, pool: me.clone() }
+    }
+}
+
+struct PooledBuf {
+    data: Vec<f32>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        let mut free = self.pool.free.lock().unwrap_or_else(|e| e.into_inner());
+        if free.len() < POOL_MAX_BUFFERS {
+            free.push(std::mem::take(&mut self.data));
+        }
+    }
+}
+
+/// A (rows, cols) activation matrix in a recycled buffer.
+pub struct CpuAct {
+    pub rows: usize,
+    pub cols: usize,
+    buf: PooledBuf,
+}
+
+impl Deref for CpuAct {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf.data
+    }
+}
+
+impl DerefMut for CpuAct {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf.data
+    }
+}
+
+enum KvStore {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+pub struct CpuKvCache {
+    capacity: usize,
+    width: usize,
+    /// Per layer: keys, values; each `[capacity, width]`.
+    layers: Vec<(KvStore, KvStore)>,
+}
+
+thread_local! {
+    /// Per-thread attention scratch: scores and f16→f32 conversions.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Position `pos`'s `len` values starting at `off` within its row, as f32.
+fn kv_slice<'a>(store: &'a KvStore, start: usize, len: usize, tmp: &'a mut Vec<f32>) -> &'a [f32] {
+    match store {
+        KvStore::F32(v) => &v[start..start + len],
+        KvStore::F16(v) => {
+            tmp.resize(len, 0.0);
+            v[start..start + len].convert_to_f32_slice(tmp);
+            tmp
+        }
+    }
+}
+
+fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
+    match store {
+        KvStore::F32(v) => v[start..start + vals.len()].copy_from_slice(vals),
+        KvStore::F16(v) => v[start..start + vals.len()].convert_from_f32_slice(vals),
+    }
+}
+
+fn layer_norm_rows(x: &[f32], cols: usize, gain: &[f32], shift: &[f32], eps: f32, out: &mut [f32]) {
+    let one = |(xr, or): (&[f32], &mut [f32])| simd::layer_norm(xr, gain, shift, eps, or);
+    if x.len() > cols {
+        x.par_chunks(cols).zip(out.par_chunks_mut(cols)).for_each(one);
+    } else {
+        x.chunks(cols).zip(out.chunks_mut(cols)).for_each(one);
+    }
+}
+
+impl Backend for CpuBackend {
+    type Matrix = PackedMatrix;
+    type Vector = Vec<f32>;
+    type Act = CpuAct;
+    type KvCache = CpuKvCache;
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<PackedMatrix> {
+        let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+        let dtype = match (self.opts.weight_dtype, t.dtype) {
+            (Some(d), _) => d,
+            (None, Dtype::F16) => WeightDtype::F16,
+            (None, Dtype::BF16) => WeightDtype::BF16,
+            (None, _) => WeightDtype::F32,
+        };
+        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+        Ok(match layout {
+            MatrixLayout::InOut => PackedMatrix::pack(rows, cols, dtype, |k, j| data[k * cols + j]),
+            MatrixLayout::OutIn => PackedMatrix::pack(cols, rows, dtype, |k, j| data[j * cols + k]),
+        })
+    }
+
+    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
+        ensure!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
+        t.to_f32().map_err(anyhow::Error::msg)
+    }
+
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<CpuKvCache> {
+        let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+        let store = || if self.opts.kv_f16 { KvStore::F16(vec![f16::ZERO; n]) } else { KvStore::F32(vec![0.0; n]) };
+        Ok(CpuKvCache { capacity, width, layers: (0..n_layer).map(|_| (store(), store())).collect() })
+    }
+
+    fn embed(&self, table: &PackedMatrix, ids: &[u32]) -> CpuAct {
+        let dim = table.n_in;
+        let mut out = self.take(ids.len(), dim);
+        for (row, &id) in out.chunks_mut(dim).zip(ids) {
+            table.column(id as usize, row);
+        }
+        out
+    }
+
+    fn layer_norm(&self, x: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
+        let mut out = self.take(x.rows, x.cols);
+        layer_norm_rows(x, x.cols, gain, shift, eps, &mut out);
+        out
+    }
+
+    fn linear(&self, x: &CpuAct, w: &PackedMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
+        let mut out = self.take(x.rows, w.n_out);
+        matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu: false }, &mut out);
+        out
+    }
+
+    fn linear_gelu(&self, x: &CpuAct, w: &PackedMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
+        let mut out = self.take(x.rows, w.n_out);
+        matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu: true }, &mut out);
+        out
+    }
+
+    fn gelu(&self, x: &mut CpuAct) {
+        let isa = self.opts.isa;
+        x.par_chunks_mut(4096).for_each(|c| simd::gelu(isa, c));
+    }
+
+    fn add(&self, x: &mut CpuAct, y: &CpuAct) {
+        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
+        for (a, b) in x.iter_mut().zip(y.iter()) {
+            *a += b;
+        }
+    }
+
+    fn add_layer_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
+        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
+        let cols = x.cols;
+        let mut out = self.take(x.rows, cols);
+        let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
+            for (a, b) in xr.iter_mut().zip(yr) {
+                *a += b;
+            }
+            simd::layer_norm(xr, gain, shift, eps, or);
+        };
+        if x.rows > 1 {
+            x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
+        } else {
+            x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
+        }
+        out
+    }
+
+    fn attention(
+        &self,
+        qkv: &CpuAct,
+        seqs: &[SeqSlice],
+        caches: &mut [&mut CpuKvCache],
+        layer: usize,
+        n_head: usize,
+        scale: f32,
+    ) -> CpuAct {
+        let isa = self.opts.isa;
+        let c = qkv.cols / 3;
+        let hd = c / n_head;
+        assert_eq!(seqs.len(), caches.len(), "one cache per sequence");
+        // 1. Append the new keys and values.
+        for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
+            assert_eq!(cache.width, c, "cache width");
+            assert!(seq.start_pos + seq.rows.len() <= cache.capacity, "KV cache overflow (checked by the model)");
+            let (k, v) = &mut cache.layers[layer];
+            for (i, r) in seq.rows.clone().enumerate() {
+                let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
+                let at = (seq.start_pos + i) * c;
+                kv_write(k, at, &row[c..2 * c]);
+                kv_write(v, at, &row[2 * c..]);
+            }
+        }
+        // 2. One task per (row, head): scores over the cache, softmax, weighted sum of values.
+        let caches: &[&mut CpuKvCache] = caches;
+        let mut out = self.take(qkv.rows, c);
+        out.par_chunks_mut(hd).enumerate().for_each(|(task, o)| {
+            let (r, h) = (task / n_head, task % n_head);
+            let s = seqs.iter().position(|s| s.rows.contains(&r)).expect("rows are covered by seqs");
+            let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
+            let (k_store, v_store) = &caches[s].layers[layer];
+            let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
+            SCRATCH.with(|cell| {
+                let (scores, tmp) = &mut *cell.borrow_mut();
+                scores.resize(pos + 1, 0.0);
+                for (j, sc) in scores.iter_mut().enumerate() {
+                    *sc = simd::dot(isa, q, kv_slice(k_store, j * c + h * hd, hd, tmp)) * scale;
+                }
+                simd::softmax(isa, scores);
+                o.fill(0.0);
+                for (j, &p) in scores.iter().enumerate() {
+                    simd::axpy(isa, p, kv_slice(v_store, j * c + h * hd, hd, tmp), o);
+                }
+            });
+        });
+        out
+    }
+
+    fn select_rows(&self, x: &CpuAct, rows: &[usize]) -> CpuAct {
+        let mut out = self.take(rows.len(), x.cols);
+        for (dst, &r) in out.chunks_mut(x.cols).zip(rows) {
+            dst.copy_from_slice(&x[r * x.cols..(r + 1) * x.cols]);
+        }
+        out
+    }
+
+    fn to_host(&self, x: &CpuAct, out: &mut HostMatrix) -> anyhow::Result<()> {
+        out.reshape(x.rows, x.cols);
+        out.data.copy_from_slice(x);
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! SIMD primitives behind safe wrappers, chosen at run time.
+//!
+//! [`Isa::detect`] picks AVX2+FMA+F16C on x86-64 CPUs that have it, else the portable
+//! path: plain Rust written in fixed-width chunks that LLVM vectorizes for the target
+//! (SSE2 on any x86-64, NEON on aarch64). Every public function here is safe; the
+//! `unsafe` AVX2 bodies are only reached after detection proved the features exist.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+    /// Any CPU: auto-vectorized Rust.
+    Portable,
+}
+
+impl Isa {
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Whether this ISA can run on this CPU.
+    pub fn available(self) -> bool {
+        self == Isa::Portable || Isa::detect() == Isa::Avx2
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx2 => "avx2",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// tanh(u) is ±1 in f32 beyond |u| > 9.01; clamping keeps exp(2u) finite.
+const TANH_CLAMP: f32 = 10.0;
+
+/// Scalar GELU (tanh form), the portable path's definition.
+#[inline]
+pub fn gelu_scalar(x: f32) -> f32 {
+    let u = (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).clamp(-TANH_CLAMP, TANH_CLAMP);
+    0.5 * x * (1.0 + u.tanh())
+}
+
+/// In-place GELU over a slice.
+pub fn gelu(isa: Isa, v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: Isa::Avx2 is only constructed/used when detection found avx2+fma+f16c.
+        return unsafe { x86::gelu(v) };
+    }
+    let _ = isa;
+    v.iter_mut().for_each(|x| *x = gelu_scalar(*x));
+}
+
+/// Dot product.
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: features checked by detection; lengths checked above.
+        return unsafe { x86::dot(a, b) };
+    }
+    let _ = isa;
+    let mut acc = [0.0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `y += a * x`.
+pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len());
+    let _ = isa; // LLVM vectorizes this loop well on every target.
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+/// Softmax in place; returns nothing, the slice sums to 1.
+pub fn softmax(isa: Isa, v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: features checked by detection.
+        let sum = unsafe { x86::exp_sub_sum(v, max) };
+        let inv = 1.0 / sum;
+        v.iter_mut().for_each(|x| *x *= inv);
+        return;
+    }
+    let _ = isa;
+    let mut sum = 0.0;
+    for x in v.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    v.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// LayerNorm of `x` into `out`: `(x - mean) / sqrt(var + eps) * gain + shift`.
+pub fn layer_norm(x: &[f32], gain: &[f32], shift: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = sum(x) / n;
+    let mut sq = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let mut var = chunks.remainder().iter().map(|v| (v - mean) * (v - mean)).sum::<f32>();
+    for c in chunks {
+        for i in 0..16 {
+            let d = c[i] - mean;
+            sq[i] += d * d;
+        }
+    }
+    var += sq.iter().sum::<f32>();
+    let inv_std = 1.0 / (var / n + eps).sqrt();
+    for (((o, &v), &g), &b) in out.iter_mut().zip(x).zip(gain).zip(shift) {
+        *o = (v - mean) * inv_std * g + b;
+    }
+}
+
+/// Sum with 16 partial sums (vectorizes on every target).
+pub fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for i in 0..16 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{SQRT_2_OVER_PI, TANH_CLAMP};
+
+    /// exp(x) for x in [-87, 88]: 2^n · p(r), r = x - n ln2, degree-6 polynomial
+    /// (Cephes expf coefficients), max relative error ≈ 2 ulp.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn exp256(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        // r = x - n·ln2, with ln2 split in two for accuracy.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        let r2 = _mm256_mul_ps(r, r);
+        p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+        // Scale by 2^n through the exponent bits.
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+    }
+
+    /// GELU(x) = 0.5 x (1 + tanh(u)), tanh(u) = 1 - 2 / (exp(2u) + 1), u clamped.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn gelu256(x: __m256) -> __m256 {
+        let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        let u = _mm256_mul_ps(_mm256_set1_ps(SQRT_2_OVER_PI), _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x));
+        let u = _mm256_min_ps(_mm256_max_ps(u, _mm256_set1_ps(-TANH_CLAMP)), _mm256_set1_ps(TANH_CLAMP));
+        let e = exp256(_mm256_add_ps(u, u));
+        let one = _mm256_set1_ps(1.0);
+        let tanh = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
+        _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5), x), _mm256_add_ps(one, tanh))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn gelu(v: &mut [f32]) {
+        let mut chunks = v.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: c has exactly 8 elements.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), gelu256(_mm256_loadu_ps(c.as_ptr()))) };
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let mut buf = [0.0f32; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            // SAFETY: buf has 8 elements.
+            unsafe { _mm256_storeu_ps(buf.as_mut_ptr(), gelu256(_mm256_loadu_ps(buf.as_ptr()))) };
+            rest.copy_from_slice(&buf[..rest.len()]);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// # Safety
+    /// `a.len() == b.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): i + 32 <= n or i + 8 <= n, both slices have n elements.
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = unsafe {
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), _mm256_loadu_ps(pb.add(i + 8 * j)), *a)
+                };
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]) };
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// v[i] = exp(v[i] - max); returns the sum.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn exp_sub_sum(v: &mut [f32], max: f32) -> f32 {
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        let mut chunks = v.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: c has 8 elements.
+            unsafe {
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+                _mm256_storeu_ps(c.as_mut_ptr(), e);
+                acc = _mm256_add_ps(acc, e);
+            }
+        }
+        let mut s = hsum(acc);
+        for x in chunks.into_remainder() {
+            *x = (*x - max).exp();
+            s += *x;
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_exp_and_gelu_match_scalar() {
+        if Isa::detect() != Isa::Avx2 {
+            return;
+        }
+        let xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.02).chain([1e3, -1e3, 3e38, -3e38, 0.0]).collect();
+        let mut v = xs.clone();
+        gelu(Isa::Avx2, &mut v);
+        for (x, g) in xs.iter().zip(&v) {
+            let want = crate::backend::reference::gelu_tanh(*x);
+            assert!(g.is_finite(), "gelu({x}) = {g}");
+            assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}): {g} vs {want}");
+        }
+        let mut v: Vec<f32> = (0..100).map(|i| i as f32 * 0.7 - 60.0).collect();
+        let mut w = v.clone();
+        softmax(Isa::Avx2, &mut v);
+        softmax(Isa::Portable, &mut w);
+        for (a, b) in v.iter().zip(&w) {
+            assert!((a - b).abs() <= 1e-6 * b.max(1e-30) + 1e-37, "{a} vs {b}");
+        }
+    }
+}
