@@ -74,6 +74,9 @@ pub trait Backend: Sync {
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
 
+    /// Activations from host data (inputs for tests and parity checks).
+    fn upload(&self, m: &HostMatrix) -> Self::Act;
+
     /// Rows `ids` of an `OutIn` table: (T, cols). Ids are checked by the caller.
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Self::Act;
     /// Per-row LayerNorm with gain and shift.

@@ -60,8 +60,9 @@ impl Rng {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
-    /// Scratch: (logit, id) candidates, reused across steps.
+    /// Scratch reused across steps: (logit, id) candidates and their probabilities.
     candidates: Vec<(f32, u32)>,
+    probs: Vec<f64>,
 }
 
 /// Index of the largest value; the lowest index among equals. NaNs are never chosen.
@@ -78,7 +79,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, String> {
         params.validate()?;
-        Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new() })
+        Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new(), probs: Vec::new() })
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -98,7 +99,9 @@ impl Sampler {
         let Some(&(max, first)) = c.first() else {
             return 0;
         };
-        let probs: Vec<f64> = c.iter().map(|&(v, _)| ((v - max) as f64).exp()).collect();
+        let probs = &mut self.probs;
+        probs.clear();
+        probs.extend(c.iter().map(|&(v, _)| ((v - max) as f64).exp()));
         let total: f64 = probs.iter().sum();
         // Nucleus: the shortest prefix whose mass reaches top_p.
         let mut keep = probs.len();

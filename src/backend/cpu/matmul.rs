@@ -76,12 +76,21 @@ impl PackedMatrix {
                 }
             }
         };
-        let mut f = vec![0.0f32; n_panels * n_in * NR];
+        let n = n_panels * n_in * NR;
+        let mut f = huge_page_vec(n, 0.0f32);
         f.par_chunks_mut(n_in * NR).enumerate().for_each(|(p, panel)| fill(p, panel));
         let data = match dtype {
             WeightDtype::F32 => PanelData::F32(f),
-            WeightDtype::F16 => PanelData::F16(f.par_iter().map(|&v| f16::from_f32(v)).collect()),
-            WeightDtype::BF16 => PanelData::BF16(f.par_iter().map(|&v| bf16::from_f32(v)).collect()),
+            WeightDtype::F16 => {
+                let mut v = huge_page_vec(n, f16::ZERO);
+                v.par_iter_mut().zip(f.par_iter()).for_each(|(o, &x)| *o = f16::from_f32(x));
+                PanelData::F16(v)
+            }
+            WeightDtype::BF16 => {
+                let mut v = huge_page_vec(n, bf16::ZERO);
+                v.par_iter_mut().zip(f.par_iter()).for_each(|(o, &x)| *o = bf16::from_f32(x));
+                PanelData::BF16(v)
+            }
         };
         PackedMatrix { n_in, n_out, n_panels, data }
     }
@@ -118,6 +127,27 @@ impl PackedMatrix {
             PanelData::BF16(d) => d[i].to_f32(),
         }
     }
+}
+
+/// A vector of `n` copies of `value` whose pages the kernel is asked to back with
+/// transparent huge pages: weights are streamed every token, and 2 MiB pages cut TLB
+/// misses on those streams.
+fn huge_page_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let bytes = n * std::mem::size_of::<T>();
+        let start = (v.as_mut_ptr() as usize).next_multiple_of(HUGE);
+        let end = (v.as_mut_ptr() as usize + bytes) & !(HUGE - 1);
+        if end > start {
+            // SAFETY: [start, end) lies inside this Vec's allocation; MADV_HUGEPAGE only
+            // changes how the kernel backs the pages, never their contents. Failure is harmless.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v.resize(n, value);
+    v
 }
 
 /// What to do with each output after the dot products: add bias, optionally GELU.

@@ -55,13 +55,6 @@ impl CpuBackend {
     fn take(&self, rows: usize, cols: usize) -> CpuAct {
         CpuAct { rows, cols, buf: self.pool.take(rows * cols, &self.pool) }
     }
-
-    /// An activation matrix from host data (tests, parity checks).
-    pub fn upload(&self, m: &HostMatrix) -> CpuAct {
-        let mut a = self.take(m.rows, m.cols);
-        a.copy_from_slice(&m.data);
-        a
-    }
 }
 
 /// Recycles activation buffers: after the first decode step every buffer a step needs
@@ -209,6 +202,12 @@ impl Backend for CpuBackend {
         Ok(CpuKvCache { capacity, width, layers: (0..n_layer).map(|_| (store(), store())).collect() })
     }
 
+    fn upload(&self, m: &HostMatrix) -> CpuAct {
+        let mut a = self.take(m.rows, m.cols);
+        a.copy_from_slice(&m.data);
+        a
+    }
+
     fn embed(&self, table: &PackedMatrix, ids: &[u32]) -> CpuAct {
         let dim = table.n_in;
         let mut out = self.take(ids.len(), dim);
@@ -298,10 +297,15 @@ impl Backend for CpuBackend {
             let (r, h) = (task / n_head, task % n_head);
             let s = seqs.iter().position(|s| s.rows.contains(&r)).expect("rows are covered by seqs");
             let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
-            let (k_store, v_store) = &caches[s].layers[layer];
+            let cache = &caches[s];
+            let (k_store, v_store) = &cache.layers[layer];
             let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
             SCRATCH.with(|cell| {
                 let (scores, tmp) = &mut *cell.borrow_mut();
+                // Reserve for the whole cache once, so growing positions never reallocate.
+                scores.clear();
+                scores.reserve(cache.capacity);
+                tmp.reserve(hd);
                 scores.resize(pos + 1, 0.0);
                 for (j, sc) in scores.iter_mut().enumerate() {
                     *sc = simd::dot(isa, q, kv_slice(k_store, j * c + h * hd, hd, tmp)) * scale;

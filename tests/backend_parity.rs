@@ -1,0 +1,247 @@
+//! One parity suite for every backend: each op against the reference backend on random
+//! inputs of awkward shapes and magnitudes, compared by normalised error.
+//!
+//! Error measure: NMSE = Σ(got − ref)² / Σ ref², as in llama.cpp's test-backend-ops, plus
+//! the max error relative to the largest reference value. Bounds: f32 rounding
+//! (ε = 6e-8) over dot products of up to 3072 terms in a different order gives relative
+//! errors around √n·ε ≈ 3e-6, so NMSE ≲ 1e-11 when correct. We allow NMSE ≤ 1e-9 and
+//! max-relative ≤ 2e-5. A wrong element, a missed tail or a transposed tile gives NMSE
+//! near 1/n_out ≥ 2e-5 even when only one of 50257 outputs is wrong.
+//!
+//! 16-bit weights and KV caches are checked against the reference fed the same values
+//! rounded to 16 bits, so the bound stays the f32 one: the kernels' conversions are exact.
+
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa, WeightDtype};
+use batch_forge::backend::reference::ReferenceBackend;
+use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use batch_forge::engine::sampler::Rng;
+use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, TensorView};
+
+const NMSE_MAX: f64 = 1e-9;
+const MAX_REL: f64 = 2e-5;
+
+fn normal(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * scale
+        })
+        .collect()
+}
+
+fn host(rows: usize, cols: usize, data: Vec<f32>) -> HostMatrix {
+    HostMatrix { rows, cols, data }
+}
+
+/// Round through a 16-bit type, as the backend under test stores it.
+fn round_to(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {
+    match dtype {
+        WeightDtype::F32 => v.to_vec(),
+        WeightDtype::F16 => v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+        WeightDtype::BF16 => v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+    }
+}
+
+fn tensor(shape: &[usize], data: &[f32]) -> OwnedTensor {
+    OwnedTensor::f32("t", shape.to_vec(), data)
+}
+
+fn view(t: &OwnedTensor) -> TensorView<'_> {
+    TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
+}
+
+#[track_caller]
+fn compare(what: &str, got: &HostMatrix, want: &HostMatrix) -> f64 {
+    assert_eq!((got.rows, got.cols), (want.rows, want.cols), "{what}: shape");
+    let (mut num, mut den, mut max_err, mut max_ref) = (0f64, 0f64, 0f64, 0f64);
+    for (&g, &w) in got.data.iter().zip(&want.data) {
+        assert!(g.is_finite() == w.is_finite(), "{what}: non-finite value {g} vs {w}");
+        let d = (g - w) as f64;
+        num += d * d;
+        den += (w as f64) * (w as f64);
+        max_err = max_err.max(d.abs());
+        max_ref = max_ref.max((w as f64).abs());
+    }
+    let nmse = if den > 0.0 { num / den } else { num };
+    let rel = max_err / max_ref.max(f64::MIN_POSITIVE);
+    assert!(nmse <= NMSE_MAX && rel <= MAX_REL, "{what}: NMSE {nmse:e}, max rel err {rel:e}");
+    nmse
+}
+
+/// Runs every op of `b` against the reference; returns the worst NMSE per op.
+fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Vec<(&'static str, f64)> {
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(42);
+    let mut worst: Vec<(&'static str, f64)> = Vec::new();
+    let mut note = |op: &'static str, e: f64| match worst.iter_mut().find(|(o, _)| *o == op) {
+        Some(w) => w.1 = w.1.max(e),
+        None => worst.push((op, e)),
+    };
+    let read = |a: &B::Act| b.read(a).unwrap();
+
+    // linear / linear_gelu: GEMV rows (1..4), GEMM rows, KC edges, partial panels.
+    let shapes = [
+        (1, 1, 1),
+        (1, 3, 17),
+        (2, 17, 63),
+        (3, 63, 65),
+        (4, 65, 3),
+        (5, 257, 33),
+        (1, 768, 2304),
+        (1, 3072, 768),
+        (6, 513, 100),
+        (7, 768, 17),
+        (13, 300, 1000),
+        (512, 64, 65),
+        (512, 768, 768),
+        (1, 768, 50257),
+    ];
+    for (i, &(t, n_in, n_out)) in shapes.iter().enumerate() {
+        let scale = [1e-3f32, 1.0, 1e3][i % 3];
+        let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+        let w = round_to(wdtype, &normal(&mut rng, n_in * n_out, 1.0 / (n_in as f32).sqrt()));
+        let bias = normal(&mut rng, n_out, scale);
+        for layout in [MatrixLayout::InOut, MatrixLayout::OutIn] {
+            let shape = if layout == MatrixLayout::InOut { [n_in, n_out] } else { [n_out, n_in] };
+            let wt = tensor(&shape, &w);
+            let bt = tensor(&[n_out], &bias);
+            let (wb, wr) = (b.load_matrix(&view(&wt), layout).unwrap(), r.load_matrix(&view(&wt), layout).unwrap());
+            let (bb, br) = (b.load_vector(&view(&bt)).unwrap(), r.load_vector(&view(&bt)).unwrap());
+            let xb = b.upload(&x);
+            let what = format!("linear T={t} {n_in}->{n_out} {layout:?} scale {scale}");
+            note("linear", compare(&what, &read(&b.linear(&xb, &wb, Some(&bb))), &r.linear(&x, &wr, Some(&br))));
+            note("linear (no bias)", compare(&what, &read(&b.linear(&xb, &wb, None)), &r.linear(&x, &wr, None)));
+            let mut want = r.linear(&x, &wr, Some(&br));
+            r.gelu(&mut want);
+            note("linear_gelu", compare(&format!("gelu {what}"), &read(&b.linear_gelu(&xb, &wb, Some(&bb))), &want));
+        }
+    }
+
+    // GELU alone, including 1e2..1e3 pre-activations (a tanh/exp overflow turns these into NaN).
+    for (n, scale) in [(1, 1.0), (17, 1e3), (3072, 1e2), (4099, 3.0)] {
+        let x = host(1, n, normal(&mut rng, n, scale));
+        let mut got = b.upload(&x);
+        b.gelu(&mut got);
+        let mut want = x.clone();
+        r.gelu(&mut want);
+        note("gelu", compare(&format!("gelu n={n} scale {scale}"), &read(&got), &want));
+    }
+
+    // LayerNorm, and the fused residual add + LayerNorm.
+    for (t, c, scale) in [(1, 1, 1.0), (3, 17, 1e-3), (5, 63, 1e3), (1, 768, 1.0), (512, 65, 10.0), (2, 1600, 1e2)] {
+        let x = host(t, c, normal(&mut rng, t * c, scale));
+        let y = host(t, c, normal(&mut rng, t * c, scale));
+        let (g, s) = (tensor(&[c], &normal(&mut rng, c, 1.0)), tensor(&[c], &normal(&mut rng, c, 1.0)));
+        let (gb, sb) = (b.load_vector(&view(&g)).unwrap(), b.load_vector(&view(&s)).unwrap());
+        let (gr, sr) = (r.load_vector(&view(&g)).unwrap(), r.load_vector(&view(&s)).unwrap());
+        let what = format!("layer_norm T={t} C={c} scale {scale}");
+        note(
+            "layer_norm",
+            compare(&what, &read(&b.layer_norm(&b.upload(&x), &gb, &sb, 1e-5)), &r.layer_norm(&x, &gr, &sr, 1e-5)),
+        );
+        let mut xb = b.upload(&x);
+        let got = b.add_layer_norm(&mut xb, &b.upload(&y), &gb, &sb, 1e-5);
+        let mut xr = x.clone();
+        r.add(&mut xr, &y);
+        note("add_layer_norm", compare(&what, &read(&got), &r.layer_norm(&xr, &gr, &sr, 1e-5)));
+        note("add", compare(&format!("add {what}"), &read(&xb), &xr));
+    }
+
+    // Embedding gather and row selection.
+    for (v, c) in [(50, 17), (1000, 768)] {
+        let table = tensor(&[v, c], &round_to(wdtype, &normal(&mut rng, v * c, 1.0)));
+        let (tb, tr) = (
+            b.load_matrix(&view(&table), MatrixLayout::OutIn).unwrap(),
+            r.load_matrix(&view(&table), MatrixLayout::OutIn).unwrap(),
+        );
+        let ids = [0u32, (v - 1) as u32, 7, 7, 3];
+        note("embed", compare("embed", &read(&b.embed(&tb, &ids)), &r.embed(&tr, &ids)));
+        let x = host(5, c, normal(&mut rng, 5 * c, 1.0));
+        note(
+            "select_rows",
+            compare("select_rows", &read(&b.select_rows(&b.upload(&x), &[4, 0, 2])), &r.select_rows(&x, &[4, 0, 2])),
+        );
+    }
+
+    // Attention: prefill, decode steps at growing positions, and a mixed batch of two
+    // sequences, with head sizes 64 and odd ones.
+    for (n_head, hd, scale) in [(4, 16, 1.0), (3, 17, 10.0), (12, 64, 1.0), (25, 64, 0.1)] {
+        let c = n_head * hd;
+        let cap = 40;
+        let (mut kb1, mut kb2) = (b.new_kv_cache(2, cap, c).unwrap(), b.new_kv_cache(2, cap, c).unwrap());
+        let (mut kr1, mut kr2) = (r.new_kv_cache(2, cap, c).unwrap(), r.new_kv_cache(2, cap, c).unwrap());
+        let steps: [(&[SeqSlice], usize); 4] = [
+            (&[SeqSlice { rows: 0..17, start_pos: 0 }, SeqSlice { rows: 17..20, start_pos: 0 }], 20),
+            (&[SeqSlice { rows: 0..1, start_pos: 17 }, SeqSlice { rows: 1..2, start_pos: 3 }], 2),
+            (&[SeqSlice { rows: 0..1, start_pos: 18 }, SeqSlice { rows: 1..6, start_pos: 4 }], 6),
+            (&[SeqSlice { rows: 0..0, start_pos: 19 }, SeqSlice { rows: 0..1, start_pos: 9 }], 1),
+        ];
+        for (seqs, t) in steps {
+            let qkv = host(t, 3 * c, normal(&mut rng, t * 3 * c, scale));
+            let mut want_in = qkv.clone();
+            if kv_f16 {
+                // The reference sees the keys and values the f16 cache will hold.
+                for row in want_in.data.chunks_mut(3 * c) {
+                    let kv = round_to(WeightDtype::F16, &row[c..]);
+                    row[c..].copy_from_slice(&kv);
+                }
+            }
+            for layer in 0..2 {
+                let scale_attn = 1.0 / (hd as f32).sqrt();
+                let got = b.attention(&b.upload(&qkv), seqs, &mut [&mut kb1, &mut kb2], layer, n_head, scale_attn);
+                let want = r.attention(&want_in, seqs, &mut [&mut kr1, &mut kr2], layer, n_head, scale_attn);
+                note("attention", compare(&format!("attention heads {n_head}x{hd} T={t}"), &read(&got), &want));
+            }
+        }
+    }
+    worst
+}
+
+fn run(opts: CpuOptions) {
+    let b = CpuBackend::new(opts).unwrap();
+    let wdtype = opts.weight_dtype.unwrap_or(WeightDtype::F32);
+    let worst = parity_suite(&b, wdtype, opts.kv_f16);
+    eprintln!("{:?} {:?} kv_f16={}: worst NMSE per op {worst:?}", opts.isa, wdtype, opts.kv_f16);
+}
+
+fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
+    CpuOptions { weight_dtype: Some(dtype), kv_f16, isa }
+}
+
+#[test]
+fn reference_agrees_with_itself() {
+    // The suite's own sanity: comparing the reference to itself gives exactly zero.
+    let worst = parity_suite(&ReferenceBackend, WeightDtype::F32, false);
+    assert!(worst.iter().all(|(_, e)| *e == 0.0), "{worst:?}");
+}
+
+#[test]
+fn cpu_simd_f32() {
+    if Isa::detect() == Isa::Portable {
+        eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C; the portable tests still run");
+        return;
+    }
+    run(opts(Isa::Avx2, WeightDtype::F32, false));
+}
+
+#[test]
+fn cpu_simd_f16_weights_and_f16_kv() {
+    if Isa::detect() == Isa::Portable {
+        return;
+    }
+    run(opts(Isa::Avx2, WeightDtype::F16, true));
+}
+
+#[test]
+fn cpu_simd_bf16_weights() {
+    if Isa::detect() == Isa::Portable {
+        return;
+    }
+    run(opts(Isa::Avx2, WeightDtype::BF16, false));
+}
+
+#[test]
+fn cpu_portable_f32_and_f16() {
+    run(opts(Isa::Portable, WeightDtype::F32, false));
+    run(opts(Isa::Portable, WeightDtype::F16, true));
+}
