@@ -3,8 +3,11 @@
 
 use std::path::PathBuf;
 
+use batch_forge::backend::Backend;
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::engine::Engine;
+use batch_forge::engine::{Engine, GenerateParams, SamplingParams};
+use batch_forge::loaders::safetensors::SafetensorsFile;
 use serde_json::Value;
 
 /// The three HF fixture checkpoints (Hub layout f32, save_pretrained layout, f16).
@@ -32,4 +35,38 @@ pub fn ids(v: &Value) -> Vec<u32> {
 
 pub fn engine(checkpoint: &str) -> Engine<ReferenceBackend> {
     Engine::load_dir(ReferenceBackend, &fixture(checkpoint)).unwrap()
+}
+
+pub fn cpu_engine(checkpoint: &str, opts: CpuOptions) -> Engine<CpuBackend> {
+    Engine::load_dir(CpuBackend::new(opts).unwrap(), &fixture(checkpoint)).unwrap()
+}
+
+/// Greedy continuations for every reference prompt: (matching prompts, total prompts).
+pub fn greedy_matches<B: Backend>(engine: &Engine<B>, checkpoint: &str) -> (usize, usize) {
+    let reference = reference(checkpoint);
+    let prompts = reference["prompts"].as_array().unwrap();
+    let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let ok = prompts
+        .iter()
+        .filter(|p| {
+            let g = engine.generate(&ids(&p["prompt_ids"]), &params, |_| Ok(())).unwrap();
+            g.generated_ids == ids(&p["generated_ids"])
+        })
+        .count();
+    (ok, prompts.len())
+}
+
+/// Max |logit − HF| over the full-logit references of a checkpoint.
+pub fn max_logit_error<B: Backend>(engine: &Engine<B>, checkpoint: &str) -> f32 {
+    let refs = SafetensorsFile::open(&fixture(checkpoint).join("reference.safetensors")).unwrap();
+    let mut worst = 0f32;
+    for i in 0..3 {
+        let input: Vec<u32> =
+            refs.get(&format!("prompt{i}.input_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect();
+        let want = refs.get(&format!("prompt{i}.logits")).unwrap().to_f32().unwrap();
+        let got = engine.logits_all(&input).unwrap();
+        assert_eq!(got.data.len(), want.len());
+        worst = got.data.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(worst, f32::max);
+    }
+    worst
 }

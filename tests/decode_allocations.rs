@@ -1,0 +1,84 @@
+//! The fast backend's decode loop makes no heap allocations once warm: activations come
+//! from a recycled pool, attention scratch is reserved for the whole cache, positions
+//! live on the stack. Checked with a counting global allocator.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use batch_forge::backend::cpu::CpuOptions;
+use batch_forge::backend::{Backend, HostMatrix, SeqSlice};
+use batch_forge::engine::sampler::argmax;
+use batch_forge::model::{Batch, LogitRows};
+use common::*;
+
+struct Counting;
+/// Allocations made on the decode pool's threads (other threads of the test harness
+/// are not the decode loop's business).
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static COUNTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn count() {
+    if COUNTED.with(|c| c.get()) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        count();
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        count();
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn warm_decode_steps_do_not_allocate() {
+    let engine = cpu_engine("tiny-gpt2", CpuOptions::default());
+    let (b, m) = (&engine.backend, &engine.model);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    pool.broadcast(|_| COUNTED.with(|c| c.set(true)));
+    pool.install(|| {
+        let mut cache = m.new_cache(b, 100).unwrap();
+        let mut logits = HostMatrix::zeros(0, 0);
+        let prompt = [464u32, 2068, 7586, 21831];
+        let seqs = [SeqSlice { rows: 0..4, start_pos: 0 }];
+        let out =
+            m.forward(b, &Batch { tokens: &prompt, seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq).unwrap();
+        b.to_host(&out, &mut logits).unwrap();
+        drop(out);
+        let mut next = argmax(logits.row(0));
+        let mut step = |pos: usize, next: &mut u32| {
+            let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
+            let out = m
+                .forward(b, &Batch { tokens: &[*next], seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq)
+                .unwrap();
+            b.to_host(&out, &mut logits).unwrap();
+            *next = argmax(logits.row(0));
+        };
+        // Warm-up: the pool fills with every buffer size a step needs.
+        for pos in 4..20 {
+            step(pos, &mut next);
+        }
+        let before = ALLOCS.load(Ordering::Relaxed);
+        for pos in 20..72 {
+            step(pos, &mut next);
+        }
+        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+        assert_eq!(allocs, 0, "{allocs} heap allocations in 52 warm decode steps");
+    });
+}
