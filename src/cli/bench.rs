@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use anyhow::Context;
 use clap::Args;
 
@@ -38,10 +40,17 @@ pub struct BenchArgs {
     threads: Vec<usize>,
     #[command(flatten)]
     backend: BackendArgs,
+    /// Instead of a model, measure memory read bandwidth (GB/s) at each thread count:
+    /// the roofline for decoding, which streams every weight once per token.
+    #[arg(long)]
+    memory: bool,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
+    if args.memory {
+        return bench_memory(&args);
+    }
     let (label, config, store) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;
@@ -158,6 +167,32 @@ fn bench_on<B: Backend>(
                 info.dtype
             );
         }
+    }
+    Ok(())
+}
+
+/// Read a 1 GiB buffer (huge pages) with all threads; report the median of `-r` runs.
+fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = 256 << 20;
+    let data = batch_forge::backend::cpu::matmul::huge_page_vec(n, 1.0f32);
+    let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
+    println!("| test | threads | GB/s (median) | GB/s (best) |");
+    println!("| --- | ---: | ---: | ---: |");
+    for &t in &threads {
+        anyhow::ensure!(t > 0, "-t must be at least 1");
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
+        let mut rates: Vec<f64> = (0..=args.repetitions)
+            .map(|_| {
+                let start = Instant::now();
+                let s: f32 =
+                    pool.install(|| data.par_chunks(n.div_ceil(t)).map(batch_forge::backend::cpu::simd::sum).sum());
+                std::hint::black_box(s);
+                (n * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
+            })
+            .skip(1)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        println!("| memory read 1 GiB | {t} | {:.1} | {:.1} |", rates[rates.len() / 2], rates[rates.len() - 1]);
     }
     Ok(())
 }

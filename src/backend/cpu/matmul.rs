@@ -132,7 +132,7 @@ impl PackedMatrix {
 /// A vector of `n` copies of `value` whose pages the kernel is asked to back with
 /// transparent huge pages: weights are streamed every token, and 2 MiB pages cut TLB
 /// misses on those streams.
-fn huge_page_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
+pub fn huge_page_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
     let mut v: Vec<T> = Vec::with_capacity(n);
     #[cfg(target_os = "linux")]
     {
@@ -250,6 +250,46 @@ fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
     }
 }
 
+/// Run the micro-kernel for one tile (dispatching on the ISA).
+fn tile<T: PanelElem>(isa: Isa, t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            // SAFETY: Isa::Avx2 is only in use when detection proved AVX2/FMA/F16C; the
+            // kernel checks the tile's bounds.
+            unsafe { T::KERNEL(t, acc) }
+        }
+        _ => tile_portable(t, acc),
+    }
+}
+
+/// Bias and GELU on a finished tile, then store its valid columns.
+fn finish_tile(
+    isa: Isa,
+    acc: &mut [[f32; NR]; MR],
+    mr: usize,
+    r0: usize,
+    j0: usize,
+    nj: usize,
+    epi: Epilogue,
+    out_row: &dyn Fn(usize) -> *mut f32,
+) {
+    for (r, acc_r) in acc.iter_mut().enumerate().take(mr) {
+        let vals = &mut acc_r[..nj];
+        if let Some(b) = epi.bias {
+            for (v, bv) in vals.iter_mut().zip(&b[j0..j0 + nj]) {
+                *v += bv;
+            }
+        }
+        if epi.gelu {
+            simd::gelu(isa, vals);
+        }
+        // SAFETY: row r0 + r < rows and columns j0..j0 + nj ≤ n_out belong to this task's
+        // panel range (see `matmul`).
+        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), out_row(r0 + r).add(j0), nj) };
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_group<T: PanelElem>(
     isa: Isa,
@@ -263,42 +303,44 @@ fn run_group<T: PanelElem>(
     out_row: &dyn Fn(usize) -> *mut f32,
 ) {
     let mut acc = [[0.0f32; NR]; MR];
-    let kc_step = if rows <= GEMV_MAX_ROWS { n_in } else { KC };
-    for r0 in (0..rows).step_by(MR) {
-        let mr = MR.min(rows - r0);
-        for p in panels.clone() {
-            let panel = &data[p * n_in * NR..(p + 1) * n_in * NR];
-            for acc_r in acc.iter_mut() {
-                *acc_r = [0.0; NR];
-            }
-            for k0 in (0..n_in).step_by(kc_step) {
-                let kc = kc_step.min(n_in - k0);
-                let tile = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel[k0 * NR..], kc };
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => {
-                        // SAFETY: detection proved AVX2/FMA/F16C; `tile` bounds are checked inside.
-                        unsafe { T::KERNEL(&tile, &mut acc) }
-                    }
-                    _ => tile_portable(&tile, &mut acc),
-                }
-            }
-            // Epilogue on the finished 16-column tile, still in L1.
+    let panel = |p: usize| &data[p * n_in * NR..(p + 1) * n_in * NR];
+    if rows <= GEMV_MAX_ROWS {
+        // GEMV: each panel is streamed once, front to back, for all rows together.
+        for p in panels {
+            acc = [[0.0; NR]; MR];
+            tile(isa, &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in }, &mut acc);
             let j0 = p * NR;
-            let nj = NR.min(n_out - j0);
-            for (r, acc_r) in acc.iter_mut().enumerate().take(mr) {
-                let vals = &mut acc_r[..nj];
-                if let Some(b) = epi.bias {
-                    for (v, bv) in vals.iter_mut().zip(&b[j0..j0 + nj]) {
-                        *v += bv;
+            finish_tile(isa, &mut acc, rows, 0, j0, NR.min(n_out - j0), epi, out_row);
+        }
+        return;
+    }
+    // GEMM: K blocks outermost. Within one, an MR × KC block of activations stays in L1
+    // while it meets each panel's KC × 16 slice (the group's slices stay in L2); partial
+    // sums wait in the output between K blocks, and the epilogue runs after the last.
+    for k0 in (0..n_in).step_by(KC) {
+        let kc = KC.min(n_in - k0);
+        let last = k0 + kc == n_in;
+        for r0 in (0..rows).step_by(MR) {
+            let mr = MR.min(rows - r0);
+            for p in panels.clone() {
+                let (j0, nj) = (p * NR, NR.min(n_out - p * NR));
+                for (r, acc_r) in acc.iter_mut().enumerate().take(mr) {
+                    *acc_r = [0.0; NR];
+                    if k0 > 0 {
+                        // SAFETY: this task's own columns of row r0 + r (see `matmul`).
+                        unsafe { std::ptr::copy_nonoverlapping(out_row(r0 + r).add(j0), acc_r.as_mut_ptr(), nj) };
                     }
                 }
-                if epi.gelu {
-                    simd::gelu(isa, vals);
+                let t = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel(p)[k0 * NR..], kc };
+                tile(isa, &t, &mut acc);
+                if last {
+                    finish_tile(isa, &mut acc, mr, r0, j0, nj, epi, out_row);
+                } else {
+                    for (r, acc_r) in acc.iter().enumerate().take(mr) {
+                        // SAFETY: as above.
+                        unsafe { std::ptr::copy_nonoverlapping(acc_r.as_ptr(), out_row(r0 + r).add(j0), nj) };
+                    }
                 }
-                // SAFETY: row r0 + r < rows and columns j0..j0 + nj < n_out belong to this
-                // task's panel range (see `matmul`).
-                unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), out_row(r0 + r).add(j0), nj) };
             }
         }
     }

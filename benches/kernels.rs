@@ -1,0 +1,63 @@
+//! Criterion benches for the fast CPU backend's kernels at GPT-2 124M shapes.
+//! `cargo bench --bench kernels`
+
+use std::hint::black_box;
+
+use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, WeightDtype, matmul};
+use batch_forge::backend::cpu::simd::{self, Isa};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5)
+        .collect()
+}
+
+fn matmuls(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("matmul");
+    g.sample_size(20);
+    for (rows, n_in, n_out, name) in [
+        (1, 768, 2304, "gemv c_attn"),
+        (1, 768, 3072, "gemv c_fc"),
+        (1, 3072, 768, "gemv mlp_proj"),
+        (1, 768, 50257, "gemv lm_head"),
+        (512, 768, 2304, "gemm c_attn T=512"),
+        (512, 3072, 768, "gemm mlp_proj T=512"),
+    ] {
+        for dtype in [WeightDtype::F32, WeightDtype::F16] {
+            let w_data = values(n_in * n_out, 1);
+            let w = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w_data[k * n_out + j]);
+            let x = values(rows * n_in, 2);
+            let bias = values(n_out, 3);
+            let mut out = vec![0.0; rows * n_out];
+            if rows == 1 {
+                g.throughput(Throughput::Bytes(w.bytes() as u64));
+            } else {
+                g.throughput(Throughput::Elements((2 * rows * n_in * n_out) as u64));
+            }
+            g.bench_function(format!("{name} {}", dtype.name()), |b| {
+                b.iter(|| matmul(isa, black_box(&x), rows, &w, Epilogue { bias: Some(&bias), gelu: false }, &mut out))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn elementwise(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("elementwise");
+    let mut v = values(3072, 4);
+    g.bench_function("gelu 3072", |b| b.iter(|| simd::gelu(isa, black_box(&mut v))));
+    let (x, gain, shift) = (values(768, 5), values(768, 6), values(768, 7));
+    let mut out = vec![0.0; 768];
+    g.bench_function("layer_norm 768", |b| b.iter(|| simd::layer_norm(black_box(&x), &gain, &shift, 1e-5, &mut out)));
+    let mut scores = values(1024, 8);
+    g.bench_function("softmax 1024", |b| b.iter(|| simd::softmax(isa, black_box(&mut scores))));
+    let (q, k) = (values(64, 9), values(64, 10));
+    g.bench_function("dot 64", |b| b.iter(|| simd::dot(isa, black_box(&q), black_box(&k))));
+    g.finish();
+}
+
+criterion_group!(benches, matmuls, elementwise);
+criterion_main!(benches);
