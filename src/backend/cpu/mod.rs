@@ -157,6 +157,50 @@ fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
     }
 }
 
+/// Sequences with at least this many new rows use matmul-shaped attention.
+const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;
+
+fn kv_get(store: &KvStore, i: usize) -> f32 {
+    match store {
+        KvStore::F32(v) => v[i],
+        KvStore::F16(v) => v[i].to_f32(),
+    }
+}
+
+/// Causal attention of one head over one sequence's new rows, as two matmuls:
+/// S = Q·Kᵀ (T × L, L = keys so far), masked row-wise softmax, O = P·V (T × hd).
+/// Keys and values are packed into panels like weights, so the GEMM kernel does the work.
+#[allow(clippy::too_many_arguments)]
+fn attention_head_blocked(
+    isa: Isa,
+    qkv: &[f32],
+    seq: &SeqSlice,
+    (k_store, v_store): &(KvStore, KvStore),
+    c: usize,
+    h: usize,
+    hd: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let t = seq.rows.len();
+    let keys = seq.start_pos + t;
+    let mut q = Vec::with_capacity(t * hd);
+    for r in seq.rows.clone() {
+        q.extend(qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd].iter().map(|v| v * scale));
+    }
+    let k_t = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, j * c + h * hd + d));
+    let mut scores = vec![0.0f32; t * keys];
+    matmul(isa, &q, t, &k_t, Epilogue { bias: None, gelu: false }, &mut scores);
+    for (i, row) in scores.chunks_mut(keys).enumerate() {
+        let visible = seq.start_pos + i + 1;
+        simd::softmax(isa, &mut row[..visible]);
+        row[visible..].fill(0.0);
+    }
+    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, j * c + h * hd + d));
+    let mut out = vec![0.0f32; t * hd];
+    matmul(isa, &scores, t, &v, Epilogue { bias: None, gelu: false }, &mut out);
+    out
+}
+
 fn layer_norm_rows(x: &[f32], cols: usize, gain: &[f32], shift: &[f32], eps: f32, out: &mut [f32]) {
     let one = |(xr, or): (&[f32], &mut [f32])| simd::layer_norm(xr, gain, shift, eps, or);
     if x.len() > cols {
@@ -290,12 +334,34 @@ impl Backend for CpuBackend {
                 kv_write(v, at, &row[2 * c..]);
             }
         }
-        // 2. One task per (row, head): scores over the cache, softmax, weighted sum of values.
         let caches: &[&mut CpuKvCache] = caches;
         let mut out = self.take(qkv.rows, c);
+        // 2a. Long slices (prefill): per (sequence, head), S = Q·Kᵀ and O = P·V as matmuls.
+        let blocked: Vec<usize> =
+            (0..seqs.len()).filter(|&s| seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS).collect();
+        let head_outputs: Vec<(usize, usize, Vec<f32>)> = if blocked.is_empty() {
+            Vec::new() // the decode path: no allocation
+        } else {
+            blocked
+                .iter()
+                .flat_map(|&s| (0..n_head).map(move |h| (s, h)))
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|(s, h)| {
+                    (s, h, attention_head_blocked(isa, qkv, &seqs[s], &caches[s].layers[layer], c, h, hd, scale))
+                })
+                .collect()
+        };
+        for (s, h, o) in head_outputs {
+            for (i, r) in seqs[s].rows.clone().enumerate() {
+                out[r * c + h * hd..r * c + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+            }
+        }
+        // 2b. Short slices (decode): one task per (row, head): scores, softmax, weighted values.
+        let short_rows = |r: usize| seqs.iter().position(|s| s.rows.contains(&r)).filter(|&s| !blocked.contains(&s));
         out.par_chunks_mut(hd).enumerate().for_each(|(task, o)| {
             let (r, h) = (task / n_head, task % n_head);
-            let s = seqs.iter().position(|s| s.rows.contains(&r)).expect("rows are covered by seqs");
+            let Some(s) = short_rows(r) else { return };
             let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
             let cache = &caches[s];
             let (k_store, v_store) = &cache.layers[layer];
