@@ -170,11 +170,13 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Vec<(&'
         let cap = 40;
         let (mut kb1, mut kb2) = (b.new_kv_cache(2, cap, c).unwrap(), b.new_kv_cache(2, cap, c).unwrap());
         let (mut kr1, mut kr2) = (r.new_kv_cache(2, cap, c).unwrap(), r.new_kv_cache(2, cap, c).unwrap());
-        let steps: [(&[SeqSlice], usize); 4] = [
+        let steps: [(&[SeqSlice], usize); 5] = [
             (&[SeqSlice { rows: 0..17, start_pos: 0 }, SeqSlice { rows: 17..20, start_pos: 0 }], 20),
             (&[SeqSlice { rows: 0..1, start_pos: 17 }, SeqSlice { rows: 1..2, start_pos: 3 }], 2),
             (&[SeqSlice { rows: 0..1, start_pos: 18 }, SeqSlice { rows: 1..6, start_pos: 4 }], 6),
             (&[SeqSlice { rows: 0..0, start_pos: 19 }, SeqSlice { rows: 0..1, start_pos: 9 }], 1),
+            // A chunked-prefill continuation (matmul-shaped path, keys before the chunk).
+            (&[SeqSlice { rows: 0..20, start_pos: 19 }, SeqSlice { rows: 20..21, start_pos: 10 }], 21),
         ];
         for (seqs, t) in steps {
             let qkv = host(t, 3 * c, normal(&mut rng, t * 3 * c, scale));

@@ -157,6 +157,19 @@ pub struct Epilogue<'a> {
     pub gelu: bool,
 }
 
+/// Causal structure of an attention product, so masked work is skipped. `start` is the
+/// position of row 0; row r sees keys `0..=start + r`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Causal {
+    None,
+    /// Output columns are keys (S = Q·Kᵀ): tiles wholly past the visible keys are skipped
+    /// (left as they were; the caller masks them).
+    KeyColumns { start: usize },
+    /// The inner dimension is keys (O = P·V): each row block stops at its last visible key
+    /// (P is zero beyond it, so this is exact).
+    KeyInner { start: usize },
+}
+
 /// A raw output pointer that parallel tasks share; each writes a disjoint column range.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -167,6 +180,12 @@ unsafe impl Sync for OutPtr {}
 
 /// `out[T, n_out] = x[T, n_in] @ W (+ bias) (→ GELU)`.
 pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
+    matmul_causal(isa, x, rows, w, epi, Causal::None, out)
+}
+
+/// [`matmul`] that skips the work a causal mask makes void (see [`Causal`]).
+pub fn matmul_causal(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, causal: Causal, out: &mut [f32]) {
+    assert!(causal == Causal::None || (epi.bias.is_none() && !epi.gelu), "causal products take no epilogue");
     let (n_in, n_out) = (w.n_in, w.n_out);
     assert_eq!(x.len(), rows * n_in, "matmul: input shape");
     assert_eq!(out.len(), rows * n_out, "matmul: output shape");
@@ -189,9 +208,9 @@ pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue,
         // of each of the `rows` output rows; groups are disjoint; `out` outlives the scope.
         let out_cols = |r: usize| unsafe { optr.0.add(r * n_out) };
         match &w.data {
-            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
-            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
-            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, &out_cols),
+            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
+            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
+            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
         }
     });
 }
@@ -300,11 +319,12 @@ fn run_group<T: PanelElem>(
     data: &[T],
     panels: std::ops::Range<usize>,
     epi: Epilogue,
+    causal: Causal,
     out_row: &dyn Fn(usize) -> *mut f32,
 ) {
     let mut acc = [[0.0f32; NR]; MR];
     let panel = |p: usize| &data[p * n_in * NR..(p + 1) * n_in * NR];
-    if rows <= GEMV_MAX_ROWS {
+    if rows <= GEMV_MAX_ROWS && causal == Causal::None {
         // GEMV: each panel is streamed once, front to back, for all rows together.
         for p in panels {
             acc = [[0.0; NR]; MR];
@@ -318,12 +338,25 @@ fn run_group<T: PanelElem>(
     // while it meets each panel's KC × 16 slice (the group's slices stay in L2); partial
     // sums wait in the output between K blocks, and the epilogue runs after the last.
     for k0 in (0..n_in).step_by(KC) {
-        let kc = KC.min(n_in - k0);
-        let last = k0 + kc == n_in;
+        let last = k0 + KC.min(n_in - k0) == n_in;
         for r0 in (0..rows).step_by(MR) {
             let mr = MR.min(rows - r0);
+            let visible = |start: usize| start + r0 + mr; // keys seen by this row block
+            let k_end = match causal {
+                Causal::KeyInner { start } => n_in.min(visible(start)),
+                _ => n_in,
+            };
+            if k0 >= k_end {
+                continue; // nothing visible in this K block; earlier blocks hold the sums
+            }
+            let kc = KC.min(k_end - k0);
             for p in panels.clone() {
                 let (j0, nj) = (p * NR, NR.min(n_out - p * NR));
+                if let Causal::KeyColumns { start } = causal
+                    && j0 >= visible(start)
+                {
+                    continue;
+                }
                 for (r, acc_r) in acc.iter_mut().enumerate().take(mr) {
                     *acc_r = [0.0; NR];
                     if k0 > 0 {

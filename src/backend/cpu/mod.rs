@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
 use crate::loaders::safetensors::{Dtype, TensorView};
-use matmul::{Epilogue, matmul};
+use matmul::{Causal, Epilogue, matmul, matmul_causal};
 pub use matmul::{PackedMatrix, WeightDtype};
 pub use simd::Isa;
 
@@ -189,7 +189,8 @@ fn attention_head_blocked(
     }
     let k_t = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, j * c + h * hd + d));
     let mut scores = vec![0.0f32; t * keys];
-    matmul(isa, &q, t, &k_t, Epilogue { bias: None, gelu: false }, &mut scores);
+    let none = Epilogue { bias: None, gelu: false };
+    matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
     for (i, row) in scores.chunks_mut(keys).enumerate() {
         let visible = seq.start_pos + i + 1;
         simd::softmax(isa, &mut row[..visible]);
@@ -197,7 +198,7 @@ fn attention_head_blocked(
     }
     let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, j * c + h * hd + d));
     let mut out = vec![0.0f32; t * hd];
-    matmul(isa, &scores, t, &v, Epilogue { bias: None, gelu: false }, &mut out);
+    matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start: seq.start_pos }, &mut out);
     out
 }
 
