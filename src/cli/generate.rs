@@ -59,7 +59,6 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    super::set_threads(args.threads)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
     });
@@ -70,7 +69,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         seed,
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
-    with_backend!(args.backend, |b| run_on(b, &args, sampling))
+    super::in_pool(args.threads, || with_backend!(args.backend, |b| run_on(b, &args, sampling)))
 }
 
 fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {

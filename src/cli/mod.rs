@@ -122,13 +122,16 @@ pub fn model_dir(model: &str, weights: bool) -> anyhow::Result<PathBuf> {
     loaders::resolve_model(model, &HubClient::from_env(), weights)
 }
 
-/// Size rayon's global pool (only possible once, before first use).
-pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
+/// Run `f` on a rayon pool of `threads` workers (default: all cores). Running the whole
+/// job inside the pool, rather than calling into it from the main thread, keeps each
+/// parallel op's fork/join within the workers (no cross-thread wake-up per op).
+pub fn in_pool<R: Send>(threads: Option<usize>, f: impl FnOnce() -> anyhow::Result<R> + Send) -> anyhow::Result<R> {
+    let mut builder = rayon::ThreadPoolBuilder::new();
     if let Some(n) = threads {
         anyhow::ensure!(n > 0, "--threads must be at least 1");
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+        builder = builder.num_threads(n);
     }
-    Ok(())
+    builder.build()?.install(f)
 }
 
 /// Output to a closed pipe (`forge generate | head`) ends the program quietly.

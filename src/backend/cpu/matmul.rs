@@ -197,7 +197,7 @@ pub fn matmul_causal(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Ep
     }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
-    // Split panels into contiguous runs: a few per thread for GEMV (pure streaming), or
+    // Split panels into contiguous runs: 8 per thread for GEMV (pure streaming), or
     // L2-sized column groups for GEMM.
     let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 4).max(1) } else { NC_PANELS };
     let n_groups = w.n_panels.div_ceil(group);
