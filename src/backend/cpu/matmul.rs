@@ -164,10 +164,14 @@ pub enum Causal {
     None,
     /// Output columns are keys (S = Q·Kᵀ): tiles wholly past the visible keys are skipped
     /// (left as they were; the caller masks them).
-    KeyColumns { start: usize },
+    KeyColumns {
+        start: usize,
+    },
     /// The inner dimension is keys (O = P·V): each row block stops at its last visible key
     /// (P is zero beyond it, so this is exact).
-    KeyInner { start: usize },
+    KeyInner {
+        start: usize,
+    },
 }
 
 /// A raw output pointer that parallel tasks share; each writes a disjoint column range.
@@ -178,13 +182,28 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// Start of output row `r` (a method, so closures capture the whole `Send` wrapper).
+    fn row(&self, r: usize, n_out: usize) -> *mut f32 {
+        self.0.wrapping_add(r * n_out)
+    }
+}
+
 /// `out[T, n_out] = x[T, n_in] @ W (+ bias) (→ GELU)`.
 pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
     matmul_causal(isa, x, rows, w, epi, Causal::None, out)
 }
 
 /// [`matmul`] that skips the work a causal mask makes void (see [`Causal`]).
-pub fn matmul_causal(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, causal: Causal, out: &mut [f32]) {
+pub fn matmul_causal(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &PackedMatrix,
+    epi: Epilogue,
+    causal: Causal,
+    out: &mut [f32],
+) {
     assert!(causal == Causal::None || (epi.bias.is_none() && !epi.gelu), "causal products take no epilogue");
     let (n_in, n_out) = (w.n_in, w.n_out);
     assert_eq!(x.len(), rows * n_in, "matmul: input shape");
@@ -197,16 +216,15 @@ pub fn matmul_causal(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Ep
     }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
-    // Split panels into contiguous runs: 8 per thread for GEMV (pure streaming), or
+    // Split panels into contiguous runs: 4 per thread for GEMV (pure streaming), or
     // L2-sized column groups for GEMM.
     let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 4).max(1) } else { NC_PANELS };
     let n_groups = w.n_panels.div_ceil(group);
     (0..n_groups).into_par_iter().for_each(|g| {
         let panels = g * group..((g + 1) * group).min(w.n_panels);
-        let optr = optr;
-        // SAFETY: this task writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out)
+        // This task writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out)
         // of each of the `rows` output rows; groups are disjoint; `out` outlives the scope.
-        let out_cols = |r: usize| unsafe { optr.0.add(r * n_out) };
+        let out_cols = |r: usize| optr.row(r, n_out);
         match &w.data {
             PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
             PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
@@ -283,6 +301,7 @@ fn tile<T: PanelElem>(isa: Isa, t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
 }
 
 /// Bias and GELU on a finished tile, then store its valid columns.
+#[allow(clippy::too_many_arguments)]
 fn finish_tile(
     isa: Isa,
     acc: &mut [[f32; NR]; MR],
@@ -380,6 +399,7 @@ fn run_group<T: PanelElem>(
 }
 
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)] // index loops over register arrays read clearest here
 pub(crate) mod x86 {
     use std::arch::x86_64::*;
 

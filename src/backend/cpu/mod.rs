@@ -11,7 +11,6 @@
 pub mod matmul;
 pub mod simd;
 
-use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
@@ -129,23 +128,23 @@ enum KvStore {
 pub struct CpuKvCache {
     capacity: usize,
     width: usize,
-    /// Per layer: keys, values; each `[capacity, width]`.
+    /// Per layer: keys, values; each head-major `[n_head, capacity, head_dim]`, so one
+    /// head's keys are one contiguous stream for attention.
     layers: Vec<(KvStore, KvStore)>,
 }
 
-thread_local! {
-    /// Per-thread attention scratch: scores and f16→f32 conversions.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
+/// Decode-path attention keeps its scores on the stack up to this many positions.
+const STACK_SCORES: usize = 2048;
+/// Head sizes up to this convert f16 cache rows on the stack (GPT-2: 64; Llama: 64-128).
+const MAX_HEAD_DIM: usize = 256;
 
-/// Position `pos`'s `len` values starting at `off` within its row, as f32.
-fn kv_slice<'a>(store: &'a KvStore, start: usize, len: usize, tmp: &'a mut Vec<f32>) -> &'a [f32] {
+/// `len` cached values from `start`, as f32 (converted into `tmp` for an f16 cache).
+fn kv_slice<'a>(store: &'a KvStore, start: usize, len: usize, tmp: &'a mut [f32]) -> &'a [f32] {
     match store {
         KvStore::F32(v) => &v[start..start + len],
         KvStore::F16(v) => {
-            tmp.resize(len, 0.0);
-            v[start..start + len].convert_to_f32_slice(tmp);
-            tmp
+            v[start..start + len].convert_to_f32_slice(&mut tmp[..len]);
+            &tmp[..len]
         }
     }
 }
@@ -159,6 +158,11 @@ fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
 
 /// Sequences with at least this many new rows use matmul-shaped attention.
 const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;
+
+/// Offset of head `h`, position `pos` in a head-major cache layer.
+fn kv_index(capacity: usize, hd: usize, h: usize, pos: usize) -> usize {
+    (h * capacity + pos) * hd
+}
 
 fn kv_get(store: &KvStore, i: usize) -> f32 {
     match store {
@@ -176,6 +180,7 @@ fn attention_head_blocked(
     qkv: &[f32],
     seq: &SeqSlice,
     (k_store, v_store): &(KvStore, KvStore),
+    capacity: usize,
     c: usize,
     h: usize,
     hd: usize,
@@ -187,7 +192,7 @@ fn attention_head_blocked(
     for r in seq.rows.clone() {
         q.extend(qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd].iter().map(|v| v * scale));
     }
-    let k_t = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, j * c + h * hd + d));
+    let k_t = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, h, j) + d));
     let mut scores = vec![0.0f32; t * keys];
     let none = Epilogue { bias: None, gelu: false };
     matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
@@ -196,7 +201,7 @@ fn attention_head_blocked(
         simd::softmax(isa, &mut row[..visible]);
         row[visible..].fill(0.0);
     }
-    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, j * c + h * hd + d));
+    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, h, j) + d));
     let mut out = vec![0.0f32; t * hd];
     matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start: seq.start_pos }, &mut out);
     out
@@ -330,9 +335,11 @@ impl Backend for CpuBackend {
             let (k, v) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
                 let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
-                let at = (seq.start_pos + i) * c;
-                kv_write(k, at, &row[c..2 * c]);
-                kv_write(v, at, &row[2 * c..]);
+                for h in 0..n_head {
+                    let at = kv_index(cache.capacity, hd, h, seq.start_pos + i);
+                    kv_write(k, at, &row[c + h * hd..c + (h + 1) * hd]);
+                    kv_write(v, at, &row[2 * c + h * hd..2 * c + (h + 1) * hd]);
+                }
             }
         }
         let caches: &[&mut CpuKvCache] = caches;
@@ -349,7 +356,21 @@ impl Backend for CpuBackend {
                 .collect::<Vec<_>>()
                 .into_par_iter()
                 .map(|(s, h)| {
-                    (s, h, attention_head_blocked(isa, qkv, &seqs[s], &caches[s].layers[layer], c, h, hd, scale))
+                    (
+                        s,
+                        h,
+                        attention_head_blocked(
+                            isa,
+                            qkv,
+                            &seqs[s],
+                            &caches[s].layers[layer],
+                            caches[s].capacity,
+                            c,
+                            h,
+                            hd,
+                            scale,
+                        ),
+                    )
                 })
                 .collect()
         };
@@ -367,22 +388,32 @@ impl Backend for CpuBackend {
             let cache = &caches[s];
             let (k_store, v_store) = &cache.layers[layer];
             let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
-            SCRATCH.with(|cell| {
-                let (scores, tmp) = &mut *cell.borrow_mut();
-                // Reserve for the whole cache once, so growing positions never reallocate.
-                scores.clear();
-                scores.reserve(cache.capacity);
-                tmp.reserve(hd);
-                scores.resize(pos + 1, 0.0);
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    *sc = simd::dot(isa, q, kv_slice(k_store, j * c + h * hd, hd, tmp)) * scale;
-                }
-                simd::softmax(isa, scores);
-                o.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    simd::axpy(isa, p, kv_slice(v_store, j * c + h * hd, hd, tmp), o);
-                }
-            });
+            // Scratch on the stack for contexts up to STACK_SCORES: no allocation, and no
+            // per-thread state to warm up.
+            let mut stack_scores = [0.0f32; STACK_SCORES];
+            let mut heap_scores = Vec::new();
+            let scores: &mut [f32] = if pos < STACK_SCORES {
+                &mut stack_scores[..pos + 1]
+            } else {
+                heap_scores.resize(pos + 1, 0.0);
+                &mut heap_scores
+            };
+            let mut stack_tmp = [0.0f32; MAX_HEAD_DIM];
+            let mut heap_tmp = Vec::new();
+            let tmp: &mut [f32] = if hd <= MAX_HEAD_DIM {
+                &mut stack_tmp
+            } else {
+                heap_tmp.resize(hd, 0.0);
+                &mut heap_tmp
+            };
+            for (j, sc) in scores.iter_mut().enumerate() {
+                *sc = simd::dot(isa, q, kv_slice(k_store, kv_index(cache.capacity, hd, h, j), hd, tmp)) * scale;
+            }
+            simd::softmax(isa, scores);
+            o.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, h, j), hd, tmp), o);
+            }
         });
         out
     }
