@@ -124,10 +124,12 @@ fn bench_on<B: Backend>(
             anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx}");
             let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut rates = Vec::new();
+            // One KV cache per test, reused by every repetition (each starts again at
+            // position 0), as a server reuses its caches and llama-bench its context.
+            let mut cache = model.new_cache(&backend, n)?;
             for rep in 0..=args.repetitions {
                 let seconds = pool
                     .install(|| -> anyhow::Result<f64> {
-                        let mut cache = model.new_cache(&backend, n)?;
                         let start = Instant::now();
                         if kind == "pp" {
                             let seqs = [SeqSlice { rows: 0..n, start_pos: 0 }];

@@ -287,6 +287,18 @@ fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
     }
 }
 
+/// Copy `n ≤ NR` floats; a full tile row is a fixed-size copy the compiler inlines.
+///
+/// # Safety
+/// `src` and `dst` are valid for `n` floats and do not overlap.
+#[inline(always)]
+unsafe fn copy_cols(src: *const f32, dst: *mut f32, n: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if n == NR { std::ptr::copy_nonoverlapping(src, dst, NR) } else { std::ptr::copy_nonoverlapping(src, dst, n) }
+    }
+}
+
 /// Run the micro-kernel for one tile (dispatching on the ISA).
 fn tile<T: PanelElem>(isa: Isa, t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
     match isa {
@@ -324,7 +336,7 @@ fn finish_tile(
         }
         // SAFETY: row r0 + r < rows and columns j0..j0 + nj ≤ n_out belong to this task's
         // panel range (see `matmul`).
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), out_row(r0 + r).add(j0), nj) };
+        unsafe { copy_cols(vals.as_ptr(), out_row(r0 + r).add(j0), nj) };
     }
 }
 
@@ -380,7 +392,7 @@ fn run_group<T: PanelElem>(
                     *acc_r = [0.0; NR];
                     if k0 > 0 {
                         // SAFETY: this task's own columns of row r0 + r (see `matmul`).
-                        unsafe { std::ptr::copy_nonoverlapping(out_row(r0 + r).add(j0), acc_r.as_mut_ptr(), nj) };
+                        unsafe { copy_cols(out_row(r0 + r).add(j0), acc_r.as_mut_ptr(), nj) };
                     }
                 }
                 let t = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel(p)[k0 * NR..], kc };
@@ -390,7 +402,7 @@ fn run_group<T: PanelElem>(
                 } else {
                     for (r, acc_r) in acc.iter().enumerate().take(mr) {
                         // SAFETY: as above.
-                        unsafe { std::ptr::copy_nonoverlapping(acc_r.as_ptr(), out_row(r0 + r).add(j0), nj) };
+                        unsafe { copy_cols(acc_r.as_ptr(), out_row(r0 + r).add(j0), nj) };
                     }
                 }
             }
