@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use anyhow::Context;
 use clap::Args;
 
+use batch_forge::backend::cpu::simd;
 use batch_forge::backend::{Backend, SeqSlice};
 use batch_forge::engine::sampler::{Rng, argmax};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
@@ -177,6 +178,7 @@ fn bench_on<B: Backend>(
 fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     let n = 256 << 20;
     let data = batch_forge::backend::cpu::matmul::huge_page_vec(n, 1.0f32);
+    let isa = simd::Isa::detect();
     let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
     println!("| test | threads | GB/s (median) | GB/s (best) |");
     println!("| --- | ---: | ---: | ---: |");
@@ -186,8 +188,7 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
         let mut rates: Vec<f64> = (0..=args.repetitions)
             .map(|_| {
                 let start = Instant::now();
-                let s: f32 =
-                    pool.install(|| data.par_chunks(n.div_ceil(t)).map(batch_forge::backend::cpu::simd::sum).sum());
+                let s: f32 = pool.install(|| data.par_chunks(n.div_ceil(t)).map(|c| simd::sum_isa(isa, c)).sum());
                 std::hint::black_box(s);
                 (n * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
             })

@@ -61,15 +61,6 @@ impl WeightStore {
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         self.index.get(name).and_then(|&i| self.files[i].get(name))
     }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.index.keys().map(String::as_str)
-    }
-
-    /// Total bytes of tensor data.
-    pub fn data_bytes(&self) -> usize {
-        self.names().filter_map(|n| self.get(n)).map(|t| t.bytes.len()).sum()
-    }
 }
 
 /// The distinct shard file names of an index, in first-seen order. Names must be plain

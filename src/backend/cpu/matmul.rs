@@ -117,16 +117,6 @@ impl PackedMatrix {
             PanelData::BF16(d) => out.iter_mut().enumerate().for_each(|(k, o)| *o = d[base + k * NR].to_f32()),
         }
     }
-
-    /// W[k][j] as f32.
-    pub fn get(&self, k: usize, j: usize) -> f32 {
-        let i = (j / NR) * self.n_in * NR + k * NR + j % NR;
-        match &self.data {
-            PanelData::F32(d) => d[i],
-            PanelData::F16(d) => d[i].to_f32(),
-            PanelData::BF16(d) => d[i].to_f32(),
-        }
-    }
 }
 
 /// A vector of `n` copies of `value` whose pages the kernel is asked to back with

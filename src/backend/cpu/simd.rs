@@ -132,6 +132,17 @@ pub fn layer_norm(x: &[f32], gain: &[f32], shift: &[f32], eps: f32, out: &mut [f
     }
 }
 
+/// Sum of a slice (the memory-bandwidth probe's kernel).
+pub fn sum_isa(isa: Isa, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: features checked by detection.
+        return unsafe { x86::sum(x) };
+    }
+    let _ = isa;
+    sum(x)
+}
+
 /// Sum with 16 partial sums (vectorizes on every target).
 pub fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
@@ -244,6 +255,20 @@ pub(crate) mod x86 {
             i += 1;
         }
         s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn sum(x: &[f32]) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let chunks = x.chunks_exact(32);
+        let tail: f32 = chunks.remainder().iter().sum();
+        for c in chunks {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: c has 32 elements.
+                *a = _mm256_add_ps(*a, unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * j)) });
+            }
+        }
+        hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))) + tail
     }
 
     /// v[i] = exp(v[i] - max); returns the sum.
