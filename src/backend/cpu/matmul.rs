@@ -206,9 +206,10 @@ pub fn matmul_causal(
     }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
-    // Split panels into contiguous runs: 4 per thread for GEMV (pure streaming), or
+    // Split panels into contiguous runs: 16 per thread for GEMV (pure streaming; fine
+    // enough that work stealing evens out the threads before one goes to sleep), or
     // L2-sized column groups for GEMM.
-    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 4).max(1) } else { NC_PANELS };
+    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
     let n_groups = w.n_panels.div_ceil(group);
     (0..n_groups).into_par_iter().for_each(|g| {
         let panels = g * group..((g + 1) * group).min(w.n_panels);
