@@ -166,7 +166,7 @@ fn bench_on<B: Backend>(
                 "| {} | {:.2} GiB | {params_m:.1} M | {} | {} | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
                 info.label,
                 info.size_gib,
-                args.backend.backend.label(),
+                backend.name(),
                 info.dtype
             );
         }

@@ -112,7 +112,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
             "prompt_ids": result.prompt_ids,
             "generated_ids": result.generated_ids,
             "text": text,
-            "backend": args.backend.backend.label(),
+            "backend": engine.backend.name(),
             "stop_reason": result.stop.as_str(),
             "seed": sampling.seed,
             "greedy": sampling.is_greedy(),
@@ -147,7 +147,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
         rate(result.prompt_ids.len(), prefill_s),
         prefill_s + decode_s,
         rate(decode_steps, decode_s),
-        args.backend.backend.label()
+        engine.backend.name()
     );
     Ok(())
 }

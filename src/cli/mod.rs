@@ -99,15 +99,6 @@ macro_rules! with_backend {
 }
 pub(crate) use with_backend;
 
-impl BackendChoice {
-    pub fn label(self) -> &'static str {
-        match self {
-            BackendChoice::Cpu => "cpu",
-            BackendChoice::Reference => "reference",
-        }
-    }
-}
-
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(a) => generate::run(a),
