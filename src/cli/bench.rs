@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
-    /// Thread counts to test (default: all cores).
+    /// Thread counts to test (default: the physical cores available to this process).
     #[arg(short = 't', long, value_delimiter = ',')]
     threads: Vec<usize>,
     #[command(flatten)]
@@ -107,7 +107,7 @@ fn bench_on<B: Backend>(
     let params_m = config.n_params() as f64 / 1e6;
     let model = Gpt2::load(&backend, config, store)?;
     let n_ctx = model.config.n_positions;
-    let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
+    let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
     println!("| model | size | params | backend | dtype | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
@@ -179,7 +179,7 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     let n = 256 << 20;
     let data = batch_forge::backend::cpu::matmul::huge_page_vec(n, 1.0f32);
     let isa = simd::Isa::detect();
-    let threads = if args.threads.is_empty() { vec![rayon::current_num_threads()] } else { args.threads.clone() };
+    let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
     println!("| test | threads | GB/s (median) | GB/s (best) |");
     println!("| --- | ---: | ---: | ---: |");
     for &t in &threads {

@@ -44,7 +44,7 @@ pub struct GenerateArgs {
     seed: Option<u64>,
     #[command(flatten)]
     backend: BackendArgs,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: the physical cores available to this process).
     #[arg(long, short)]
     threads: Option<usize>,
     /// Print one JSON object when done instead of streaming text.
