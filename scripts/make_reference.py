@@ -100,7 +100,7 @@ def main():
         max_new = min(args.max_new_tokens, args.n_positions - len(ids))
         with torch.no_grad():
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                 num_beams=1, max_new_tokens=max_new, min_new_tokens=max_new,
+                                 num_beams=1, max_new_tokens=max_new,
                                  output_scores=True, return_dict_in_generate=True, pad_token_id=50256)
         generated = out.sequences[0, len(ids):].tolist()
         margins = []
