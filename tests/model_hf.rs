@@ -5,7 +5,6 @@ mod common;
 
 use batch_forge::backend::{Backend, SeqSlice};
 use batch_forge::engine::{GenerateParams, SamplingParams, StopReason};
-use batch_forge::loaders::safetensors::SafetensorsFile;
 use batch_forge::model::{Batch, LogitRows};
 use common::*;
 
@@ -36,25 +35,9 @@ fn greedy_ids_match_hf_for_every_checkpoint_and_prompt() {
 fn full_logits_match_hf_within_tolerance() {
     let mut worst = 0f32;
     for ckpt in CHECKPOINTS {
-        let engine = engine(ckpt);
-        let refs = SafetensorsFile::open(&fixture(ckpt).join("reference.safetensors")).unwrap();
-        for i in 0..3 {
-            let input: Vec<u32> = refs
-                .get(&format!("prompt{i}.input_ids"))
-                .unwrap()
-                .to_i64()
-                .unwrap()
-                .iter()
-                .map(|&x| x as u32)
-                .collect();
-            let want = refs.get(&format!("prompt{i}.logits")).unwrap();
-            let want_data = want.to_f32().unwrap();
-            let got = engine.logits_all(&input).unwrap();
-            assert_eq!([got.rows, got.cols], [want.shape[0], want.shape[1]]);
-            let err = got.data.iter().zip(&want_data).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
-            assert!(err < LOGIT_TOL, "{ckpt} prompt{i}: max abs logit error {err:e}");
-            worst = worst.max(err);
-        }
+        let err = max_logit_error(&engine(ckpt), ckpt);
+        assert!(err < LOGIT_TOL, "{ckpt}: max abs logit error {err:e}");
+        worst = worst.max(err);
     }
     eprintln!("max abs logit error vs HF (full logits): {worst:e}");
 }

@@ -92,12 +92,12 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
         if id == eos && !args.ignore_eos {
             return Ok(());
         }
-        let piece = stream.push(tok.token_bytes(id)?);
+        let start = text.len();
+        stream.push_into(tok.token_bytes(id)?, &mut text);
         if !args.json {
-            out.write_all(piece.as_bytes()).context("writing to stdout")?;
+            out.write_all(&text.as_bytes()[start..]).context("writing to stdout")?;
             out.flush().context("writing to stdout")?;
         }
-        text.push_str(&piece);
         Ok(())
     })?;
     let tail = stream.finish();

@@ -17,14 +17,21 @@ impl StreamDecoder {
 
     /// Add the bytes of one or more tokens; returns the text that is now complete.
     pub fn push(&mut self, bytes: &[u8]) -> String {
-        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
+        self.push_into(bytes, &mut out);
+        out
+    }
+
+    /// Like [`push`](Self::push), appending the completed text to `out` (no allocation
+    /// once `out` has grown).
+    pub fn push_into(&mut self, bytes: &[u8], out: &mut String) {
+        self.pending.extend_from_slice(bytes);
         loop {
             match std::str::from_utf8(&self.pending) {
                 Ok(s) => {
                     out.push_str(s);
                     self.pending.clear();
-                    return out;
+                    return;
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
@@ -33,7 +40,7 @@ impl StreamDecoder {
                         // An incomplete sequence at the end: hold it back.
                         None => {
                             self.pending.drain(..valid);
-                            return out;
+                            return;
                         }
                         Some(bad) => {
                             out.push(char::REPLACEMENT_CHARACTER);
