@@ -11,6 +11,8 @@
 //! 16-bit weights and KV caches are checked against the reference fed the same values
 //! rounded to 16 bits, so the bound stays the f32 one: the kernels' conversions are exact.
 
+mod common;
+
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa, WeightDtype};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
@@ -51,7 +53,7 @@ fn view(t: &OwnedTensor) -> TensorView<'_> {
 }
 
 #[track_caller]
-fn compare(what: &str, got: &HostMatrix, want: &HostMatrix) -> f64 {
+fn compare(what: &str, got: &HostMatrix, want: &HostMatrix) -> (f64, f64) {
     assert_eq!((got.rows, got.cols), (want.rows, want.cols), "{what}: shape");
     let (mut num, mut den, mut max_err, mut max_ref) = (0f64, 0f64, 0f64, 0f64);
     for (&g, &w) in got.data.iter().zip(&want.data) {
@@ -65,16 +67,19 @@ fn compare(what: &str, got: &HostMatrix, want: &HostMatrix) -> f64 {
     let nmse = if den > 0.0 { num / den } else { num };
     let rel = max_err / max_ref.max(f64::MIN_POSITIVE);
     assert!(nmse <= NMSE_MAX && rel <= MAX_REL, "{what}: NMSE {nmse:e}, max rel err {rel:e}");
-    nmse
+    (nmse, rel)
 }
 
-/// Runs every op of `b` against the reference; returns the worst NMSE per op.
-fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Vec<(&'static str, f64)> {
+/// Worst (NMSE, max relative error) per op.
+type Worst = Vec<(&'static str, (f64, f64))>;
+
+/// Runs every op of `b` against the reference; returns the worst (NMSE, max rel) per op.
+fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
     let r = ReferenceBackend;
     let mut rng = Rng::new(42);
-    let mut worst: Vec<(&'static str, f64)> = Vec::new();
-    let mut note = |op: &'static str, e: f64| match worst.iter_mut().find(|(o, _)| *o == op) {
-        Some(w) => w.1 = w.1.max(e),
+    let mut worst: Worst = Vec::new();
+    let mut note = |op: &'static str, e: (f64, f64)| match worst.iter_mut().find(|(o, _)| *o == op) {
+        Some(w) => w.1 = (w.1.0.max(e.0), w.1.1.max(e.1)),
         None => worst.push((op, e)),
     };
     let read = |a: &B::Act| b.read(a).unwrap();
@@ -203,7 +208,7 @@ fn run(opts: CpuOptions) {
     let b = CpuBackend::new(opts).unwrap();
     let wdtype = opts.weight_dtype.unwrap_or(WeightDtype::F32);
     let worst = parity_suite(&b, wdtype, opts.kv_f16);
-    eprintln!("{:?} {:?} kv_f16={}: worst NMSE per op {worst:?}", opts.isa, wdtype, opts.kv_f16);
+    eprintln!("{:?} {:?} kv_f16={}: worst (NMSE, max rel) per op {worst:?}", opts.isa, wdtype, opts.kv_f16);
 }
 
 fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
@@ -214,7 +219,7 @@ fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
 fn reference_agrees_with_itself() {
     // The suite's own sanity: comparing the reference to itself gives exactly zero.
     let worst = parity_suite(&ReferenceBackend, WeightDtype::F32, false);
-    assert!(worst.iter().all(|(_, e)| *e == 0.0), "{worst:?}");
+    assert!(worst.iter().all(|(_, e)| *e == (0.0, 0.0)), "{worst:?}");
 }
 
 #[test]
@@ -246,4 +251,25 @@ fn cpu_simd_bf16_weights() {
 fn cpu_portable_f32_and_f16() {
     run(opts(Isa::Portable, WeightDtype::F32, false));
     run(opts(Isa::Portable, WeightDtype::F16, true));
+}
+
+/// The GPU backend through the same suite with the same bounds: its kernels accumulate
+/// in f32 like the CPU ones, only in another order. Both decode GEMV kernels run, so
+/// the one a real GPU picks is checked here too; f16 weights (shader-f16) are checked
+/// against the reference fed the same f16-rounded weights.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_every_kernel_variant() {
+    use batch_forge::backend::gpu::{GemvKernel, GpuOptions};
+    for dtype in [WeightDtype::F32, WeightDtype::F16] {
+        for gemv in [GemvKernel::Cooperative, GemvKernel::Thread] {
+            let Some(b) = common::gpu_backend(GpuOptions { weight_dtype: Some(dtype), gemv }) else { return };
+            if dtype == WeightDtype::F16 && !b.has_f16() {
+                eprintln!("SKIPPED: adapter {} lacks shader-f16; f16 weights fall back to f32", b.description());
+                continue;
+            }
+            let worst = parity_suite(&b, dtype, false);
+            eprintln!("gpu {dtype:?} weights, {gemv:?} gemv: worst (NMSE, max rel) per op {worst:?}");
+        }
+    }
 }

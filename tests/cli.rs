@@ -245,3 +245,98 @@ fn broken_model_folders_are_clean_errors() {
     std::fs::remove_file(dir.join("config.json")).unwrap();
     assert_clean_error(&forge(&["generate", "hi", "-m", d]), "no config.json");
 }
+
+/// With no Vulkan driver visible, every GPU entry point says so in one `error:` line.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_without_an_adapter_is_a_clean_error() {
+    let model = fixture("tiny-gpt2");
+    // An empty driver list: the Vulkan loader finds no ICD (both variable names).
+    let env = [("VK_ICD_FILENAMES", "/nonexistent/icd.json"), ("VK_DRIVER_FILES", "/nonexistent/icd.json")];
+    for args in [
+        vec!["generate", "-m", model.to_str().unwrap(), "hi", "-n", "2", "--backend", "gpu"],
+        vec!["generate", "-m", model.to_str().unwrap(), "hi", "-n", "2", "--backend", "both"],
+        vec!["bench", "-m", model.to_str().unwrap(), "-p", "8", "-n", "0", "-r", "1", "--backend", "gpu"],
+        vec!["devices"],
+    ] {
+        assert_clean_error(&forge_env(&args, &env), "no GPU adapter found");
+    }
+}
+
+#[cfg(feature = "gpu")]
+fn have_gpu() -> bool {
+    common::gpu_backend(Default::default()).is_some()
+}
+
+/// `--backend gpu` from the command line gives HF's greedy ids.
+#[cfg(feature = "gpu")]
+#[test]
+fn generate_on_gpu_matches_hf_greedy_ids() {
+    if !have_gpu() {
+        return;
+    }
+    let model = fixture("tiny-gpt2");
+    let p = &reference("tiny-gpt2")["prompts"][1];
+    let o = forge(&[
+        "generate",
+        "-m",
+        model.to_str().unwrap(),
+        "--prompt",
+        p["text"].as_str().unwrap(),
+        "--greedy",
+        "-n",
+        "40",
+        "--json",
+        "--backend",
+        "gpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["backend"], "gpu");
+    assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
+}
+
+/// `--backend both` prints one row per step with the logit difference and agrees.
+#[cfg(feature = "gpu")]
+#[test]
+fn generate_lockstep_cpu_and_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    let model = fixture("tiny-gpt2");
+    let o =
+        forge(&["generate", "-m", model.to_str().unwrap(), "Hello world", "-n", "6", "--greedy", "--backend", "both"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let rows: Vec<&str> =
+        out.lines().filter(|l| l.split('|').nth(1).is_some_and(|c| c.trim().parse::<usize>().is_ok())).collect();
+    assert_eq!(rows.len(), 6, "{out}");
+    for row in rows {
+        let diff: f32 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
+        assert!(diff < 1e-4, "{row}");
+    }
+    assert!(out.contains("agree on every argmax"), "{out}");
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn devices_lists_the_adapter() {
+    if !have_gpu() {
+        return;
+    }
+    let o = forge(&["devices"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("[0] ") && out.contains("max storage binding") && out.contains("--backend gpu uses"), "{out}");
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_flags_that_do_not_apply_are_refused() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let o = forge(&["generate", "-m", m, "hi", "--backend", "gpu", "--kv-dtype", "f16"]);
+    assert_clean_error(&o, "--kv-dtype applies to cpu");
+    let o = forge(&["bench", "-m", m, "--backend", "both"]);
+    assert_clean_error(&o, "for `forge generate` only");
+}

@@ -8,6 +8,8 @@
 //! one call can prefill a prompt and decode a step for other sequences together.
 
 pub mod cpu;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod reference;
 
 use std::ops::Range;
@@ -109,6 +111,13 @@ pub trait Backend: Sync {
         let mut out = HostMatrix::zeros(0, 0);
         self.to_host(x, &mut out)?;
         Ok(out)
+    }
+
+    /// Greedy sampling on the device: the index of the largest value of each row (the
+    /// lowest on ties) into `out`, so only ids cross to the host. Returns `Ok(false)`
+    /// when the backend has no such kernel; the caller then reads the logits instead.
+    fn argmax_rows(&self, _x: &Self::Act, _out: &mut Vec<u32>) -> anyhow::Result<bool> {
+        Ok(false)
     }
 
     // Fused forms. The defaults compose the ops above; a backend overrides them when

@@ -143,6 +143,7 @@ fn bench_on<B: Backend>(
                             backend.read(&logits)?;
                         } else {
                             let mut next = tokens[0];
+                            let mut ids = Vec::with_capacity(1);
                             for pos in 0..n {
                                 let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
                                 let logits = model.forward(
@@ -151,7 +152,12 @@ fn bench_on<B: Backend>(
                                     &mut [&mut cache],
                                     LogitRows::LastOfEachSeq,
                                 )?;
-                                next = argmax(backend.read(&logits)?.row(0));
+                                // Greedy, on the device when the backend can (as generate does).
+                                next = if backend.argmax_rows(&logits, &mut ids)? {
+                                    ids[0]
+                                } else {
+                                    argmax(backend.read(&logits)?.row(0))
+                                };
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())

@@ -1,6 +1,7 @@
 //! Command-line interface: argument definitions and dispatch to the subcommands.
 
 mod bench;
+mod devices;
 mod generate;
 mod random_model;
 mod tokenize;
@@ -29,6 +30,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a random-weight GPT-2 checkpoint folder of any published size.
     RandomModel(random_model::RandomModelArgs),
+    /// List the GPU adapters the gpu backend can use, with their API and limits.
+    Devices,
 }
 
 /// Which implementation runs the model.
@@ -38,9 +41,14 @@ pub enum BackendChoice {
     Cpu,
     /// The plain reference backend: the ground truth every backend is tested against.
     Reference,
+    /// The GPU backend: WGSL kernels through wgpu (Vulkan, Metal, DX12).
+    Gpu,
+    /// `generate` only: cpu and gpu in lockstep, printing the max logit difference per
+    /// step and stopping at the first step where their argmax differs.
+    Both,
 }
 
-/// `--dtype`: how the CPU backend stores weights.
+/// `--dtype`: how the cpu and gpu backends store weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DtypeChoice {
     /// As stored in the file (f32, f16 or bf16).
@@ -55,7 +63,7 @@ pub enum DtypeChoice {
 pub struct BackendArgs {
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
-    /// Weight storage of the cpu backend; 16-bit halves the bytes read per token.
+    /// Weight storage (cpu: f32/f16/bf16, gpu: f32/f16); 16-bit halves the bytes read per token.
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// KV-cache storage of the cpu backend.
@@ -79,6 +87,21 @@ impl BackendArgs {
         }
         Ok(CpuOptions { weight_dtype, kv_f16: self.kv_dtype == "f16", ..CpuOptions::default() })
     }
+
+    #[cfg(feature = "gpu")]
+    pub fn gpu_options(&self) -> anyhow::Result<batch_forge::backend::gpu::GpuOptions> {
+        anyhow::ensure!(self.kv_dtype == "f32", "the gpu backend keeps its KV cache in f32; --kv-dtype applies to cpu");
+        Ok(batch_forge::backend::gpu::GpuOptions {
+            weight_dtype: self.cpu_options()?.weight_dtype,
+            ..Default::default()
+        })
+    }
+}
+
+/// The error for `--backend gpu` in a build without the `gpu` feature.
+#[cfg(not(feature = "gpu"))]
+pub fn no_gpu_build() -> anyhow::Error {
+    anyhow::anyhow!("this forge was built without GPU support (rebuild with the default `gpu` feature)")
 }
 
 /// Run `$body` with `$b` bound to the chosen backend (each backend is its own type).
@@ -94,6 +117,20 @@ macro_rules! with_backend {
                 let $b = batch_forge::backend::reference::ReferenceBackend;
                 $body
             }
+            $crate::cli::BackendChoice::Gpu => {
+                #[cfg(feature = "gpu")]
+                {
+                    let $b = batch_forge::backend::gpu::GpuBackend::new($args.gpu_options()?)?;
+                    $body
+                }
+                #[cfg(not(feature = "gpu"))]
+                {
+                    return Err($crate::cli::no_gpu_build());
+                }
+            }
+            $crate::cli::BackendChoice::Both => {
+                anyhow::bail!("--backend both runs cpu and gpu in lockstep and is for `forge generate` only")
+            }
         }
     }};
 }
@@ -105,6 +142,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Bench(a) => bench::run(a),
         Command::RandomModel(a) => random_model::run(a),
+        Command::Devices => devices::run(),
     }
 }
 

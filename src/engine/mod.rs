@@ -129,13 +129,19 @@ impl<B: Backend> Engine<B> {
         let start = Instant::now();
         let mut step_tokens = prompt_ids.to_vec();
         let mut logits = HostMatrix::zeros(0, 0);
+        let mut device_ids = Vec::with_capacity(1);
         let mut pos = 0;
         loop {
             let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
             let batch = Batch { tokens: &step_tokens, seqs: &seqs };
             let out = self.model.forward(&self.backend, &batch, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
-            self.backend.to_host(&out, &mut logits)?;
-            let next = sampler.sample(logits.row(0));
+            // Greedy on a device backend: pick the token there and read back only its id.
+            let next = if params.sampling.is_greedy() && self.backend.argmax_rows(&out, &mut device_ids)? {
+                device_ids[0]
+            } else {
+                self.backend.to_host(&out, &mut logits)?;
+                sampler.sample(logits.row(0))
+            };
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();
             }

@@ -70,3 +70,23 @@ pub fn max_logit_error<B: Backend>(engine: &Engine<B>, checkpoint: &str) -> f32 
     }
     worst
 }
+
+/// The GPU backend for a test, or `None` (with a loud message) when this machine has no
+/// adapter. Under CI (`CI=true`) a missing adapter fails the test instead: CI installs
+/// lavapipe, so no adapter there means the GPU path went untested.
+#[cfg(feature = "gpu")]
+pub fn gpu_backend(opts: batch_forge::backend::gpu::GpuOptions) -> Option<batch_forge::backend::gpu::GpuBackend> {
+    match batch_forge::backend::gpu::GpuBackend::new(opts) {
+        Ok(b) => {
+            eprintln!("gpu backend on {}", b.description());
+            Some(b)
+        }
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true and the GPU backend failed: {e:#}"),
+        Err(e) => {
+            eprintln!(
+                "\n*** SKIPPED: no usable GPU adapter ({e:#}); install mesa-vulkan-drivers to run the GPU tests ***\n"
+            );
+            None
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The WGSL kernel sources and their compiled pipelines.
+//!
+//! Each `.wgsl` file in `kernels/` is one family of entry points. A kernel's full source
+//! is a header (`enable f16;` and `alias W = f16;` for 16-bit weights, `alias W = f32;`
+//! otherwise), then `common.wgsl`, then the file. [`kernel_sources`] lists every
+//! variant the backend can compile, so the naga MSL test checks exactly what runs.
+
+use anyhow::Context;
+
+/// (file name, source) of each kernel family.
+const FILES: [(&str, &str); 7] = [
+    ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
+    ("gelu.wgsl", include_str!("kernels/gelu.wgsl")),
+    ("layer_norm.wgsl", include_str!("kernels/layer_norm.wgsl")),
+    ("matmul.wgsl", include_str!("kernels/matmul.wgsl")),
+    ("attention.wgsl", include_str!("kernels/attention.wgsl")),
+    ("embed.wgsl", include_str!("kernels/embed.wgsl")),
+    ("argmax.wgsl", include_str!("kernels/argmax.wgsl")),
+];
+
+const COMMON: &str = include_str!("kernels/common.wgsl");
+
+/// The entry points of each file.
+pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
+    ("elementwise.wgsl", &["add"]),
+    ("gelu.wgsl", &["gelu"]),
+    ("layer_norm.wgsl", &["layer_norm", "add_layer_norm"]),
+    ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
+    ("attention.wgsl", &["kv_store", "attend"]),
+    ("embed.wgsl", &["embed"]),
+    ("argmax.wgsl", &["argmax"]),
+];
+
+/// The full source of kernel `file` with weights of type f16 (`f16 = true`) or f32.
+pub fn source(file: &str, f16: bool) -> Option<String> {
+    let body = FILES.iter().find(|(name, _)| *name == file)?.1;
+    let header = if f16 { "enable f16;\nalias W = f16;\n" } else { "alias W = f32;\n" };
+    Some(format!("{header}\n{COMMON}\n{body}"))
+}
+
+/// Every (label, source) the backend may compile: each file with f32 weights, and the
+/// files that read weights again with f16 ones.
+pub fn kernel_sources() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (file, _) in FILES {
+        out.push((format!("{file} (f32 weights)"), source(file, false).expect("listed")));
+        if WEIGHT_FILES.contains(&file) {
+            out.push((format!("{file} (f16 weights)"), source(file, true).expect("listed")));
+        }
+    }
+    out
+}
+
+/// Files whose kernels read weights (type `W`).
+const WEIGHT_FILES: [&str; 2] = ["matmul.wgsl", "embed.wgsl"];
+
+/// A compute pipeline and its bind-group layout (derived from the shader).
+pub struct Kernel {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// Every pipeline the backend dispatches. `*_f16` exist when the device has shader-f16.
+pub struct Kernels {
+    pub add: Kernel,
+    pub gelu: Kernel,
+    pub layer_norm: Kernel,
+    pub add_layer_norm: Kernel,
+    pub matmul: Kernel,
+    pub gemv: Kernel,
+    pub gemv_thread: Kernel,
+    pub kv_store: Kernel,
+    pub attend: Kernel,
+    pub embed: Kernel,
+    pub argmax: Kernel,
+    pub matmul_f16: Option<Kernel>,
+    pub gemv_f16: Option<Kernel>,
+    pub gemv_thread_f16: Option<Kernel>,
+    pub embed_f16: Option<Kernel>,
+}
+
+impl Kernels {
+    /// Compile every kernel. Shader and pipeline errors are caught in an error scope and
+    /// returned, naming the kernel, instead of reaching wgpu's panicking default handler.
+    pub fn compile(device: &wgpu::Device, f16: bool) -> anyhow::Result<Self> {
+        let module = |file: &str, f16: bool| -> anyhow::Result<wgpu::ShaderModule> {
+            let src = source(file, f16).context("unknown kernel file")?;
+            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(file),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                anyhow::bail!("kernel {file} failed to compile: {e}");
+            }
+            Ok(m)
+        };
+        let kernel = |m: &wgpu::ShaderModule, entry: &str| -> anyhow::Result<Kernel> {
+            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: m,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+            let layout = pipeline.get_bind_group_layout(0);
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                anyhow::bail!("kernel {entry} failed to build: {e}");
+            }
+            Ok(Kernel { pipeline, layout })
+        };
+        let elementwise = module("elementwise.wgsl", false)?;
+        let gelu = module("gelu.wgsl", false)?;
+        let ln = module("layer_norm.wgsl", false)?;
+        let mm = module("matmul.wgsl", false)?;
+        let attn = module("attention.wgsl", false)?;
+        let embed = module("embed.wgsl", false)?;
+        let argmax = module("argmax.wgsl", false)?;
+        let (matmul_f16, gemv_f16, gemv_thread_f16, embed_f16) = if f16 {
+            let mm16 = module("matmul.wgsl", true)?;
+            let embed16 = module("embed.wgsl", true)?;
+            (
+                Some(kernel(&mm16, "matmul")?),
+                Some(kernel(&mm16, "gemv")?),
+                Some(kernel(&mm16, "gemv_thread")?),
+                Some(kernel(&embed16, "embed")?),
+            )
+        } else {
+            (None, None, None, None)
+        };
+        Ok(Kernels {
+            add: kernel(&elementwise, "add")?,
+            gelu: kernel(&gelu, "gelu")?,
+            layer_norm: kernel(&ln, "layer_norm")?,
+            add_layer_norm: kernel(&ln, "add_layer_norm")?,
+            matmul: kernel(&mm, "matmul")?,
+            gemv: kernel(&mm, "gemv")?,
+            gemv_thread: kernel(&mm, "gemv_thread")?,
+            kv_store: kernel(&attn, "kv_store")?,
+            attend: kernel(&attn, "attend")?,
+            embed: kernel(&embed, "embed")?,
+            argmax: kernel(&argmax, "argmax")?,
+            matmul_f16,
+            gemv_f16,
+            gemv_thread_f16,
+            embed_f16,
+        })
+    }
+}

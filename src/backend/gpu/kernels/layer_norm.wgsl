@@ -1,0 +1,79 @@
+// LayerNorm over each row, one 256-invocation workgroup per row. Two passes over the
+// row (mean, then the mean of squared deviations) rather than E[x^2] - E[x]^2, which
+// cancels catastrophically for rows with a large mean.
+//
+// `layer_norm`:     out = (x - mean) / sqrt(var + eps) * gain + shift
+// `add_layer_norm`: x += y (written back: the residual stream), then out = LN(x)
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read> y: array<f32>;
+@group(0) @binding(3) var<storage, read> gain: array<f32>;
+@group(0) @binding(4) var<storage, read> shift: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+var<workgroup> partial: array<f32, 256>;
+
+fn workgroup_sum(tid: u32, v: f32) -> f32 {
+    partial[tid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s = s >> 1u) {
+        if (tid < s) {
+            partial[tid] = partial[tid] + partial[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = partial[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn normalize_row(row: u32, tid: u32) {
+    let base = row * p.cols;
+    var s = 0.0;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        s = s + x[base + c];
+    }
+    let mean = workgroup_sum(tid, s) / f32(p.cols);
+    var q = 0.0;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        let d = x[base + c] - mean;
+        q = q + d * d;
+    }
+    let inv = 1.0 / sqrt(workgroup_sum(tid, q) / f32(p.cols) + p.eps);
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        out[base + c] = (x[base + c] - mean) * inv * gain[c] + shift[c];
+    }
+}
+
+@compute @workgroup_size(256)
+fn layer_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) tid: u32) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    normalize_row(row, tid);
+}
+
+@compute @workgroup_size(256)
+fn add_layer_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) tid: u32) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        x[base + c] = x[base + c] + y[base + c];
+    }
+    // Each invocation reads back only the columns it wrote, so no barrier is needed.
+    normalize_row(row, tid);
+}

@@ -1,0 +1,200 @@
+// out[m, n_off + n] = act(a[m, :] . w[n, :] + bias[n_off + n]) for one chunk of weight rows.
+//
+// Weights are stored [out, in] row-major (the Rust side transposes Conv1D's [in, out]
+// at load), in chunks of whole rows that each fit one storage binding. `W` is f32, or
+// f16 when the adapter has shader-f16; accumulation is always f32.
+//
+// `matmul`: prefill. A 64x64 output tile per 256-invocation workgroup, 4x4 outputs per
+// invocation, K walked in steps of 16 through workgroup memory (a and w tiles stored
+// k-major so the inner loop reads contiguous 4-vectors). Edges are zero-filled.
+// `gemv` / `gemv_thread`: decode (m <= 8 rows): each weight is read once for all rows;
+// the first for GPUs, the second for CPU-backed adapters (see below).
+
+struct Params {
+    m: u32,          // rows of a and out
+    k: u32,          // inner dimension
+    n: u32,          // weight rows in this chunk
+    n_off: u32,      // first output column of this chunk
+    ldo: u32,        // row stride of out (all output columns)
+    has_bias: u32,
+    fuse_gelu: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<W>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+fn finish(acc: f32, col: u32) -> f32 {
+    var v = acc;
+    if (p.has_bias != 0u) {
+        v = v + bias[p.n_off + col];
+    }
+    if (p.fuse_gelu != 0u) {
+        v = gelu_tanh(v);
+    }
+    return v;
+}
+
+const TILE: u32 = 64u;
+const TK: u32 = 16u;
+
+var<workgroup> a_tile: array<vec4<f32>, 256>; // [TK][TILE / 4]
+var<workgroup> w_tile: array<vec4<f32>, 256>; // [TK][TILE / 4]
+
+@compute @workgroup_size(16, 16)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+          @builtin(local_invocation_index) tid: u32) {
+    let row0 = wg.y * TILE;
+    let col0 = wg.x * TILE;
+    var acc: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    // Loading: each invocation fetches 4 consecutive k of one row, for a and for w.
+    let load_r = tid / 4u;        // 0..63: tile row
+    let load_k = (tid % 4u) * 4u; // 0, 4, 8, 12
+    for (var k0 = 0u; k0 < p.k; k0 = k0 + TK) {
+        let ar = row0 + load_r;
+        let wr = col0 + load_r;
+        var av = vec4<f32>(0.0);
+        var wv = vec4<f32>(0.0);
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let kk = k0 + load_k + j;
+            if (kk < p.k) {
+                if (ar < p.m) {
+                    av[j] = a[ar * p.k + kk];
+                }
+                if (wr < p.n) {
+                    wv[j] = f32(w[wr * p.k + kk]);
+                }
+            }
+        }
+        // Transpose into k-major tiles: element (k, r) lives at [k][r / 4][r % 4].
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let kk = load_k + j;
+            a_tile[kk * 16u + load_r / 4u][load_r % 4u] = av[j];
+            w_tile[kk * 16u + load_r / 4u][load_r % 4u] = wv[j];
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < TK; kk = kk + 1u) {
+            let av4 = a_tile[kk * 16u + lid.y];
+            let wv4 = w_tile[kk * 16u + lid.x];
+            acc[0] = acc[0] + av4.x * wv4;
+            acc[1] = acc[1] + av4.y * wv4;
+            acc[2] = acc[2] + av4.z * wv4;
+            acc[3] = acc[3] + av4.w * wv4;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let r = row0 + lid.y * 4u + i;
+        if (r < p.m) {
+            for (var j = 0u; j < 4u; j = j + 1u) {
+                let c = col0 + lid.x * 4u + j;
+                if (c < p.n) {
+                    out[r * p.ldo + p.n_off + c] = finish(acc[i][j], c);
+                }
+            }
+        }
+    }
+}
+
+var<workgroup> red: array<f32, 2048>; // [8 rows][256]
+
+// 256 invocations = 8 output columns x 32 lanes. The lanes of a column read 32
+// consecutive weights per step (one 128-byte run in f32), the classic one-warp-per-row
+// GEMV, then a tree reduction in workgroup memory. Up to 8 rows share each weight
+// read; their accumulators are named registers (a private array indexed by a loop
+// variable would live in slow scratch memory), behind uniform branches.
+@compute @workgroup_size(256)
+fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let col = (wg.y * nwg.x + wg.x) * 8u + tid / 32u;
+    let lane = tid % 32u;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+        let wbase = col * p.k;
+        for (var kk = lane; kk < p.k; kk = kk + 32u) {
+            let wv = f32(w[wbase + kk]);
+            acc0 = acc0 + a[kk] * wv;
+            if (p.m > 1u) { acc1 = acc1 + a[1u * p.k + kk] * wv; }
+            if (p.m > 2u) { acc2 = acc2 + a[2u * p.k + kk] * wv; }
+            if (p.m > 3u) { acc3 = acc3 + a[3u * p.k + kk] * wv; }
+            if (p.m > 4u) { acc4 = acc4 + a[4u * p.k + kk] * wv; }
+            if (p.m > 5u) { acc5 = acc5 + a[5u * p.k + kk] * wv; }
+            if (p.m > 6u) { acc6 = acc6 + a[6u * p.k + kk] * wv; }
+            if (p.m > 7u) { acc7 = acc7 + a[7u * p.k + kk] * wv; }
+        }
+    }
+    red[tid] = acc0;
+    if (p.m > 1u) { red[256u + tid] = acc1; }
+    if (p.m > 2u) { red[512u + tid] = acc2; }
+    if (p.m > 3u) { red[768u + tid] = acc3; }
+    if (p.m > 4u) { red[1024u + tid] = acc4; }
+    if (p.m > 5u) { red[1280u + tid] = acc5; }
+    if (p.m > 6u) { red[1536u + tid] = acc6; }
+    if (p.m > 7u) { red[1792u + tid] = acc7; }
+    workgroupBarrier();
+    for (var s = 16u; s > 0u; s = s >> 1u) {
+        if (lane < s) {
+            for (var r = 0u; r < p.m; r = r + 1u) {
+                red[r * 256u + tid] = red[r * 256u + tid] + red[r * 256u + tid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && col < p.n) {
+        for (var r = 0u; r < p.m; r = r + 1u) {
+            out[r * p.ldo + p.n_off + col] = finish(red[r * 256u + tid], col);
+        }
+    }
+}
+
+// One invocation per output column, walking its weight row alone: no workgroup memory
+// and no barriers. Uncoalesced on GPUs, but on CPU-backed Vulkan (lavapipe) it is 3x
+// faster than the cooperative kernel, so the backend picks it for CPU-type adapters.
+@compute @workgroup_size(64)
+fn gemv_thread(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let col = gid.y * nwg.x * 64u + gid.x;
+    if (col >= p.n) {
+        return;
+    }
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    let wbase = col * p.k;
+    for (var kk = 0u; kk < p.k; kk = kk + 1u) {
+        let wv = f32(w[wbase + kk]);
+        acc0 = acc0 + a[kk] * wv;
+        if (p.m > 1u) { acc1 = acc1 + a[1u * p.k + kk] * wv; }
+        if (p.m > 2u) { acc2 = acc2 + a[2u * p.k + kk] * wv; }
+        if (p.m > 3u) { acc3 = acc3 + a[3u * p.k + kk] * wv; }
+        if (p.m > 4u) { acc4 = acc4 + a[4u * p.k + kk] * wv; }
+        if (p.m > 5u) { acc5 = acc5 + a[5u * p.k + kk] * wv; }
+        if (p.m > 6u) { acc6 = acc6 + a[6u * p.k + kk] * wv; }
+        if (p.m > 7u) { acc7 = acc7 + a[7u * p.k + kk] * wv; }
+    }
+    out[p.n_off + col] = finish(acc0, col);
+    if (p.m > 1u) { out[1u * p.ldo + p.n_off + col] = finish(acc1, col); }
+    if (p.m > 2u) { out[2u * p.ldo + p.n_off + col] = finish(acc2, col); }
+    if (p.m > 3u) { out[3u * p.ldo + p.n_off + col] = finish(acc3, col); }
+    if (p.m > 4u) { out[4u * p.ldo + p.n_off + col] = finish(acc4, col); }
+    if (p.m > 5u) { out[5u * p.ldo + p.n_off + col] = finish(acc5, col); }
+    if (p.m > 6u) { out[6u * p.ldo + p.n_off + col] = finish(acc6, col); }
+    if (p.m > 7u) { out[7u * p.ldo + p.n_off + col] = finish(acc7, col); }
+}

@@ -1,0 +1,760 @@
+//! The GPU backend: hand-written WGSL compute kernels run through wgpu (Vulkan on Linux
+//! and NVIDIA, Metal on Apple Silicon, DX12 on Windows; Mesa's lavapipe in CI).
+//!
+//! - Weights are uploaded once at load, stored `[out, in]` in f32 or f16, and split into
+//!   row chunks that each fit one storage binding (lavapipe allows 128 MiB; GPT-2's
+//!   embedding table is 154 MB, gpt2-xl's 322 MB).
+//! - Activations live in device buffers recycled through a size-class pool.
+//! - The KV cache is resident: one buffer per layer per sequence.
+//! - Every op records a dispatch into one pending command encoder; nothing is submitted
+//!   until a result is read back, so a whole forward step is one submission. Kernel
+//!   parameters go into a per-submission uniform arena, written just before submitting.
+//! - Only what the caller asks for is read back: the selected rows' logits, or with
+//!   [`Backend::argmax_rows`] just the greedy token ids (4 bytes per sequence).
+//! - wgpu errors never panic: an uncaptured-error handler records them and the next
+//!   read-back returns them as an error.
+
+pub mod device;
+pub mod kernels;
+
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::{Context, bail, ensure};
+use wgpu::util::DeviceExt;
+
+use super::cpu::WeightDtype;
+use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use crate::loaders::safetensors::{Dtype, TensorView};
+use kernels::{Kernel, Kernels};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Weight storage: `None` keeps f16 files in f16 (when the adapter has shader-f16)
+    /// and stores everything else in f32. bf16 is not a GPU storage type here.
+    pub weight_dtype: Option<WeightDtype>,
+    /// Which decode GEMV kernel to use.
+    pub gemv: GemvKernel,
+}
+
+/// The two decode GEMV kernels (see matmul.wgsl); the parity tests run both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemvKernel {
+    /// `Thread` on CPU-type adapters (lavapipe), `Cooperative` on GPUs.
+    #[default]
+    Auto,
+    /// 32 invocations per output column, coalesced reads, reduction in workgroup memory.
+    Cooperative,
+    /// One invocation per output column.
+    Thread,
+}
+
+/// Decode-sized batches (at most this many rows) use the GEMV kernel.
+const GEMV_MAX_ROWS: usize = 8;
+/// Kernel parameter slots per submission (a GPT-2 XL step needs about 600).
+const PARAM_SLOTS: usize = 4096;
+
+pub struct GpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    /// Largest storage binding, in bytes.
+    max_binding: u64,
+    max_groups: u32,
+    f16: bool,
+    gemv_thread: bool,
+    opts: GpuOptions,
+    kernels: Kernels,
+    params_buf: wgpu::Buffer,
+    param_slot: u64,
+    dummy: wgpu::Buffer,
+    state: Mutex<State>,
+    pool: Arc<Pool>,
+    errors: Arc<Mutex<Option<String>>>,
+}
+
+#[derive(Default)]
+struct State {
+    encoder: Option<wgpu::CommandEncoder>,
+    /// Parameters of the dispatches recorded since the last submission.
+    params: Vec<u8>,
+    staging: Option<wgpu::Buffer>,
+}
+
+impl GpuBackend {
+    /// Open the chosen adapter (see [`device::choose_adapter`]) and compile the kernels.
+    pub fn new(opts: GpuOptions) -> anyhow::Result<Self> {
+        let adapter = device::choose_adapter()?;
+        Self::with_adapter(&adapter, opts)
+    }
+
+    pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> anyhow::Result<Self> {
+        ensure!(
+            opts.weight_dtype != Some(WeightDtype::BF16),
+            "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
+        );
+        let info = adapter.get_info();
+        let want_f16 = opts.weight_dtype != Some(WeightDtype::F32);
+        let (device, queue, f16) = device::request_device(adapter, want_f16)?;
+        let errors: Arc<Mutex<Option<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.to_string());
+        }));
+        let limits = device.limits();
+        let kernels = Kernels::compile(&device, f16)?;
+        let param_slot = u64::from(limits.min_uniform_buffer_offset_alignment).max(64);
+        let params_buf = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kernel params"),
+            size: param_slot * PARAM_SLOTS as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 256,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let gemv_thread = match opts.gemv {
+            GemvKernel::Auto => info.device_type == wgpu::DeviceType::Cpu,
+            GemvKernel::Cooperative => false,
+            GemvKernel::Thread => true,
+        };
+        let backend = GpuBackend {
+            info,
+            gemv_thread,
+            max_binding,
+            max_groups: limits.max_compute_workgroups_per_dimension,
+            f16,
+            opts,
+            kernels,
+            params_buf,
+            param_slot,
+            dummy,
+            state: Mutex::default(),
+            pool: Arc::new(Pool { device: device.clone(), free: Mutex::default() }),
+            errors,
+            device,
+            queue,
+        };
+        backend.check()?;
+        Ok(backend)
+    }
+
+    /// Adapter, API and weight storage, for logs and `forge bench`.
+    pub fn description(&self) -> String {
+        let gemv = if self.gemv_thread { "thread" } else { "cooperative" };
+        format!("{} ({:?}, shader-f16: {}, gemv: {gemv})", self.info.name, self.info.backend, self.f16)
+    }
+
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// Whether 16-bit weights are available (the adapter has shader-f16).
+    pub fn has_f16(&self) -> bool {
+        self.f16
+    }
+
+    /// The first wgpu error since the last check, as an error.
+    fn check(&self) -> anyhow::Result<()> {
+        match self.errors.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => bail!("GPU error: {e}"),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, msg: String) {
+        self.errors.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Submit everything recorded so far (parameters first).
+    fn submit(&self, st: &mut State) {
+        if !st.params.is_empty() {
+            self.queue.write_buffer(&self.params_buf, 0, &st.params);
+            st.params.clear();
+        }
+        if let Some(enc) = st.encoder.take() {
+            self.queue.submit([enc.finish()]);
+        }
+    }
+
+    fn take(&self, rows: usize, cols: usize) -> GpuAct {
+        GpuAct { rows, cols, buf: self.pool.take(rows * cols * 4) }
+    }
+
+    /// (x, y) workgroup counts covering `n` workgroups within the per-dimension limit.
+    fn grid(&self, n: usize) -> (u32, u32) {
+        let max = self.max_groups as usize;
+        if n <= max { (n as u32, 1) } else { (max as u32, n.div_ceil(max) as u32) }
+    }
+
+    /// Record one dispatch: `params` (u32 words) become binding 0, `bindings` the rest.
+    fn dispatch(&self, k: &Kernel, params: &[u32], bindings: &[(u32, wgpu::BufferBinding<'_>)], groups: (u32, u32)) {
+        if groups.0 == 0 || groups.1 == 0 {
+            return;
+        }
+        let mut st = self.lock();
+        if st.params.len() as u64 + self.param_slot > self.params_buf.size() {
+            self.submit(&mut st);
+        }
+        let offset = st.params.len() as u64;
+        st.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
+        st.params.resize((offset + self.param_slot) as usize, 0);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params_buf,
+                offset,
+                size: NonZeroU64::new(params.len() as u64 * 4),
+            }),
+        }];
+        entries.extend(
+            bindings
+                .iter()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: *i, resource: wgpu::BindingResource::Buffer(b.clone()) }),
+        );
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &k.layout,
+            entries: &entries,
+        });
+        let device = &self.device;
+        let enc = st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&k.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, 1);
+    }
+
+    fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut st = self.lock();
+        let device = &self.device;
+        f(st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default())));
+    }
+
+    /// A fresh device buffer holding `bytes` (written at creation, so it cannot race the
+    /// pending encoder the way a queue write into a recycled buffer would).
+    fn init_buffer(&self, bytes: &[u8], usage: wgpu::BufferUsages) -> wgpu::Buffer {
+        let mut padded;
+        let contents = if !bytes.len().is_multiple_of(4) || bytes.is_empty() {
+            padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4).max(4), 0);
+            &padded[..]
+        } else {
+            bytes
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents, usage })
+    }
+
+    fn bias_binding<'a>(&'a self, bias: Option<&'a GpuVector>) -> wgpu::BufferBinding<'a> {
+        match bias {
+            Some(v) => v.buffer.as_entire_buffer_binding(),
+            None => self.dummy.as_entire_buffer_binding(),
+        }
+    }
+
+    /// (matmul, gemv, embed) kernels for weights of `dtype`.
+    fn weight_kernels(&self, dtype: WeightDtype) -> (&Kernel, &Kernel, &Kernel) {
+        let k = &self.kernels;
+        let f16 = dtype == WeightDtype::F16;
+        let (matmul, embed) = if f16 {
+            (
+                k.matmul_f16.as_ref().expect("f16 weights imply shader-f16"),
+                k.embed_f16.as_ref().expect("f16 weights imply shader-f16"),
+            )
+        } else {
+            (&k.matmul, &k.embed)
+        };
+        let gemv = match (f16, self.gemv_thread) {
+            (false, false) => &k.gemv,
+            (false, true) => &k.gemv_thread,
+            (true, false) => k.gemv_f16.as_ref().expect("f16 weights imply shader-f16"),
+            (true, true) => k.gemv_thread_f16.as_ref().expect("f16 weights imply shader-f16"),
+        };
+        (matmul, gemv, embed)
+    }
+
+    fn linear_impl(&self, x: &GpuAct, w: &GpuMatrix, bias: Option<&GpuVector>, gelu: bool) -> GpuAct {
+        let (m, k, n) = (x.rows, w.cols, w.rows);
+        let out = self.take(m, n);
+        if x.cols != k {
+            self.fail(format!("linear: input has {} columns, the weight expects {k}", x.cols));
+            return out;
+        }
+        if m == 0 || n == 0 {
+            return out;
+        }
+        let (matmul, gemv, _) = self.weight_kernels(w.dtype);
+        let bias_b = self.bias_binding(bias);
+        let flags = [u32::from(bias.is_some()), u32::from(gelu)];
+        if m <= GEMV_MAX_ROWS {
+            for c in &w.chunks {
+                let params = [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
+                let bindings = [
+                    (1, x.binding()),
+                    (2, c.buffer.as_entire_buffer_binding()),
+                    (3, bias_b.clone()),
+                    (4, out.binding()),
+                ];
+                let per_group = if self.gemv_thread { 64 } else { 8 };
+                self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)));
+            }
+            return out;
+        }
+        // Prefill: split the rows into blocks whose input and output each fit one
+        // binding; blocks start at multiples of 64 rows, so every binding offset is a
+        // multiple of 256 bytes (the strictest offset alignment wgpu allows).
+        let widest = (k.max(n) * 4) as u64;
+        let block = ((self.max_binding / widest / 64).max(1) * 64) as usize;
+        for m0 in (0..m).step_by(block) {
+            let mb = block.min(m - m0);
+            let a = sub_binding(&x.buf, (m0 * k * 4) as u64, (mb * k * 4) as u64);
+            let o = sub_binding(&out.buf, (m0 * n * 4) as u64, (mb * n * 4) as u64);
+            for c in &w.chunks {
+                let params = [mb as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
+                let bindings =
+                    [(1, a.clone()), (2, c.buffer.as_entire_buffer_binding()), (3, bias_b.clone()), (4, o.clone())];
+                self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32));
+            }
+        }
+        out
+    }
+}
+
+fn sub_binding(buf: &Pooled, offset: u64, size: u64) -> wgpu::BufferBinding<'_> {
+    wgpu::BufferBinding { buffer: buf.buffer(), offset, size: NonZeroU64::new(size.max(4)) }
+}
+
+/// Recycled activation buffers, by power-of-two size class.
+struct Pool {
+    device: wgpu::Device,
+    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+}
+
+const POOL_MAX_PER_CLASS: usize = 16;
+
+impl Pool {
+    fn take(self: &Arc<Self>, bytes: usize) -> Pooled {
+        let class = (bytes as u64).next_power_of_two().max(256);
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&class).and_then(Vec::pop);
+        let buffer = reused.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("activations"),
+                size: class,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        Pooled { buffer: Some(buffer), pool: self.clone() }
+    }
+}
+
+/// A pooled buffer; going back to the pool while commands that use it are still pending
+/// is fine: a later user's commands are recorded after them and run in order.
+struct Pooled {
+    buffer: Option<wgpu::Buffer>,
+    pool: Arc<Pool>,
+}
+
+impl Pooled {
+    fn buffer(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+            let list = free.entry(b.size()).or_default();
+            if list.len() < POOL_MAX_PER_CLASS {
+                list.push(b);
+            }
+        }
+    }
+}
+
+/// A (rows, cols) f32 activation matrix on the device.
+pub struct GpuAct {
+    pub rows: usize,
+    pub cols: usize,
+    buf: Pooled,
+}
+
+impl GpuAct {
+    fn binding(&self) -> wgpu::BufferBinding<'_> {
+        sub_binding(&self.buf, 0, (self.rows * self.cols * 4) as u64)
+    }
+}
+
+/// A weight matrix, `[out, in]` = (rows, cols), in chunks of whole rows.
+pub struct GpuMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: WeightDtype,
+    chunks: Vec<Chunk>,
+}
+
+struct Chunk {
+    buffer: wgpu::Buffer,
+    row0: usize,
+    rows: usize,
+}
+
+pub struct GpuVector {
+    buffer: wgpu::Buffer,
+    len: usize,
+}
+
+/// One sequence's keys and values: per layer, [2][n_head][capacity][head_dim] f32.
+pub struct GpuKvCache {
+    layers: Vec<wgpu::Buffer>,
+    capacity: usize,
+    width: usize,
+}
+
+impl Backend for GpuBackend {
+    type Matrix = GpuMatrix;
+    type Vector = GpuVector;
+    type Act = GpuAct;
+    type KvCache = GpuKvCache;
+
+    fn name(&self) -> String {
+        "gpu".into()
+    }
+
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<GpuMatrix> {
+        ensure!(t.shape.len() == 2, "{}: expected a matrix, got shape {:?}", t.name, t.shape);
+        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+        let (rows, cols) = match layout {
+            MatrixLayout::OutIn => (t.shape[0], t.shape[1]),
+            MatrixLayout::InOut => (t.shape[1], t.shape[0]),
+        };
+        let data = match layout {
+            MatrixLayout::OutIn => data,
+            MatrixLayout::InOut => {
+                // [in, out] → [out, in]
+                let mut tr = vec![0f32; data.len()];
+                for (i, row) in data.chunks_exact(rows.max(1)).enumerate() {
+                    for (o, &v) in row.iter().enumerate() {
+                        tr[o * cols + i] = v;
+                    }
+                }
+                tr
+            }
+        };
+        let dtype = match self.opts.weight_dtype {
+            Some(WeightDtype::F16) | None
+                if self.f16 && (self.opts.weight_dtype.is_some() || t.dtype == Dtype::F16) =>
+            {
+                WeightDtype::F16
+            }
+            _ => WeightDtype::F32,
+        };
+        let elem = dtype.size();
+        let row_bytes = (cols * elem).max(1) as u64;
+        ensure!(
+            row_bytes <= self.max_binding,
+            "{}: one row of {cols} values exceeds the adapter's largest storage binding",
+            t.name
+        );
+        let chunk_rows = ((self.max_binding / row_bytes) as usize).max(1);
+        let mut chunks = Vec::new();
+        for row0 in (0..rows).step_by(chunk_rows) {
+            let n = chunk_rows.min(rows - row0);
+            let part = &data[row0 * cols..(row0 + n) * cols];
+            let bytes: Vec<u8> = match dtype {
+                WeightDtype::F16 => part.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
+                _ => part.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+            };
+            chunks.push(Chunk { buffer: self.init_buffer(&bytes, wgpu::BufferUsages::STORAGE), row0, rows: n });
+        }
+        self.check().with_context(|| format!("uploading {}", t.name))?;
+        Ok(GpuMatrix { rows, cols, dtype, chunks })
+    }
+
+    fn load_vector(&self, t: &TensorView) -> anyhow::Result<GpuVector> {
+        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(GpuVector { buffer: self.init_buffer(&bytes, wgpu::BufferUsages::STORAGE), len: data.len() })
+    }
+
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<GpuKvCache> {
+        let bytes =
+            (2 * capacity).checked_mul(width).and_then(|n| n.checked_mul(4)).context("KV cache size overflows")? as u64;
+        ensure!(
+            bytes <= self.max_binding,
+            "a KV cache layer of {capacity} positions × {width} needs {bytes} bytes, over the adapter's \
+             {} byte storage binding",
+            self.max_binding
+        );
+        let layers = (0..n_layer)
+            .map(|_| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kv cache"),
+                    size: bytes.max(4).next_multiple_of(4),
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        self.check()?;
+        Ok(GpuKvCache { layers, capacity, width })
+    }
+
+    fn upload(&self, m: &HostMatrix) -> GpuAct {
+        let out = self.take(m.rows, m.cols);
+        let n = (m.rows * m.cols * 4) as u64;
+        if n > 0 {
+            let bytes: Vec<u8> = m.data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let src = self.init_buffer(&bytes, wgpu::BufferUsages::COPY_SRC);
+            self.with_encoder(|enc| enc.copy_buffer_to_buffer(&src, 0, out.buf.buffer(), 0, n));
+        }
+        out
+    }
+
+    fn embed(&self, table: &GpuMatrix, ids: &[u32]) -> GpuAct {
+        let (t, c) = (ids.len(), table.cols);
+        let out = self.take(t, c);
+        if t == 0 || c == 0 {
+            return out;
+        }
+        let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let ids_buf = self.init_buffer(&id_bytes, wgpu::BufferUsages::STORAGE);
+        let (_, _, kernel) = self.weight_kernels(table.dtype);
+        for ch in &table.chunks {
+            let params = [t as u32, c as u32, ch.row0 as u32, ch.rows as u32];
+            let bindings = [
+                (1, ch.buffer.as_entire_buffer_binding()),
+                (2, ids_buf.as_entire_buffer_binding()),
+                (3, out.binding()),
+            ];
+            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)));
+        }
+        out
+    }
+
+    fn layer_norm(&self, x: &GpuAct, gain: &GpuVector, shift: &GpuVector, eps: f32) -> GpuAct {
+        let out = self.take(x.rows, x.cols);
+        if gain.len != x.cols || shift.len != x.cols {
+            self.fail(format!("layer_norm: {} columns but gain/shift of {}/{}", x.cols, gain.len, shift.len));
+            return out;
+        }
+        let params = [x.rows as u32, x.cols as u32, eps.to_bits(), 0];
+        let bindings = [
+            (1, x.binding()),
+            (3, gain.buffer.as_entire_buffer_binding()),
+            (4, shift.buffer.as_entire_buffer_binding()),
+            (5, out.binding()),
+        ];
+        self.dispatch(&self.kernels.layer_norm, &params, &bindings, self.grid(x.rows));
+        out
+    }
+
+    fn add_layer_norm(&self, x: &mut GpuAct, y: &GpuAct, gain: &GpuVector, shift: &GpuVector, eps: f32) -> GpuAct {
+        let out = self.take(x.rows, x.cols);
+        if (y.rows, y.cols) != (x.rows, x.cols) || gain.len != x.cols || shift.len != x.cols {
+            self.fail("add_layer_norm: shapes differ".into());
+            return out;
+        }
+        let params = [x.rows as u32, x.cols as u32, eps.to_bits(), 0];
+        let bindings = [
+            (1, x.binding()),
+            (2, y.binding()),
+            (3, gain.buffer.as_entire_buffer_binding()),
+            (4, shift.buffer.as_entire_buffer_binding()),
+            (5, out.binding()),
+        ];
+        self.dispatch(&self.kernels.add_layer_norm, &params, &bindings, self.grid(x.rows));
+        out
+    }
+
+    fn linear(&self, x: &GpuAct, w: &GpuMatrix, bias: Option<&GpuVector>) -> GpuAct {
+        self.linear_impl(x, w, bias, false)
+    }
+
+    fn linear_gelu(&self, x: &GpuAct, w: &GpuMatrix, bias: Option<&GpuVector>) -> GpuAct {
+        self.linear_impl(x, w, bias, true)
+    }
+
+    fn gelu(&self, x: &mut GpuAct) {
+        let n = x.rows * x.cols;
+        let params = [n as u32, 0, 0, 0];
+        self.dispatch(&self.kernels.gelu, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)));
+    }
+
+    fn add(&self, x: &mut GpuAct, y: &GpuAct) {
+        if (y.rows, y.cols) != (x.rows, x.cols) {
+            self.fail("add: shapes differ".into());
+            return;
+        }
+        let n = x.rows * x.cols;
+        let params = [n as u32, 0, 0, 0];
+        self.dispatch(&self.kernels.add, &params, &[(1, x.binding()), (2, y.binding())], self.grid(n.div_ceil(256)));
+    }
+
+    fn attention(
+        &self,
+        qkv: &GpuAct,
+        seqs: &[SeqSlice],
+        caches: &mut [&mut GpuKvCache],
+        layer: usize,
+        n_head: usize,
+        scale: f32,
+    ) -> GpuAct {
+        let c = qkv.cols / 3;
+        let out = self.take(qkv.rows, c);
+        let head_dim = c / n_head.max(1);
+        if n_head == 0 || !c.is_multiple_of(n_head) || head_dim > 256 || seqs.len() != caches.len() {
+            self.fail(format!("attention: unsupported shape ({n_head} heads of {head_dim}; at most 256 per head)"));
+            return out;
+        }
+        for (s, cache) in seqs.iter().zip(caches.iter()) {
+            let rows = s.rows.len();
+            if rows == 0 {
+                continue;
+            }
+            if cache.width != c || s.start_pos + rows > cache.capacity || layer >= cache.layers.len() {
+                self.fail(format!(
+                    "attention: positions {}..{} do not fit the KV cache of {}",
+                    s.start_pos,
+                    s.start_pos + rows,
+                    cache.capacity
+                ));
+                return out;
+            }
+            let params = [
+                rows as u32,
+                s.rows.start as u32,
+                s.start_pos as u32,
+                n_head as u32,
+                head_dim as u32,
+                cache.capacity as u32,
+                scale.to_bits(),
+                0,
+            ];
+            let kv = cache.layers[layer].as_entire_buffer_binding();
+            self.dispatch(
+                &self.kernels.kv_store,
+                &params,
+                &[(1, qkv.binding()), (2, kv.clone())],
+                self.grid((rows * c).div_ceil(256)),
+            );
+            self.dispatch(
+                &self.kernels.attend,
+                &params,
+                &[(1, qkv.binding()), (2, kv), (3, out.binding())],
+                (rows as u32, n_head as u32),
+            );
+        }
+        out
+    }
+
+    fn select_rows(&self, x: &GpuAct, rows: &[usize]) -> GpuAct {
+        let out = self.take(rows.len(), x.cols);
+        if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {
+            self.fail(format!("select_rows: row {bad} of {}", x.rows));
+            return out;
+        }
+        let row_bytes = (x.cols * 4) as u64;
+        if row_bytes > 0 {
+            self.with_encoder(|enc| {
+                for (i, &r) in rows.iter().enumerate() {
+                    enc.copy_buffer_to_buffer(
+                        x.buf.buffer(),
+                        r as u64 * row_bytes,
+                        out.buf.buffer(),
+                        i as u64 * row_bytes,
+                        row_bytes,
+                    );
+                }
+            });
+        }
+        out
+    }
+
+    fn to_host(&self, x: &GpuAct, out: &mut HostMatrix) -> anyhow::Result<()> {
+        out.reshape(x.rows, x.cols);
+        let bytes = self.read_bytes(&x.buf, (x.rows * x.cols * 4) as u64)?;
+        for (o, b) in out.data.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+
+    fn argmax_rows(&self, x: &GpuAct, out: &mut Vec<u32>) -> anyhow::Result<bool> {
+        let ids = self.take(x.rows, 1);
+        if x.rows > 0 && x.cols > 0 {
+            let params = [x.rows as u32, x.cols as u32, 0, 0];
+            self.dispatch(&self.kernels.argmax, &params, &[(1, x.binding()), (2, ids.binding())], (x.rows as u32, 1));
+        }
+        let bytes = self.read_bytes(&ids.buf, (x.rows * 4) as u64)?;
+        out.clear();
+        out.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        Ok(true)
+    }
+}
+
+impl GpuBackend {
+    /// Copy the first `n` bytes of `buf` to the host: submit all pending work, wait.
+    fn read_bytes(&self, buf: &Pooled, n: u64) -> anyhow::Result<Vec<u8>> {
+        let mut st = self.lock();
+        if n > 0 {
+            let size = n.next_multiple_of(4);
+            if st.staging.as_ref().is_none_or(|s| s.size() < size) {
+                st.staging = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("read-back"),
+                    size: size.next_power_of_two(),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
+            }
+            let staging = st.staging.clone().expect("just made");
+            let device = &self.device;
+            st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default())).copy_buffer_to_buffer(
+                buf.buffer(),
+                0,
+                &staging,
+                0,
+                size,
+            );
+        }
+        self.submit(&mut st);
+        let staging = st.staging.clone();
+        drop(st);
+        if n == 0 {
+            self.device.poll(wgpu::PollType::wait_indefinitely()).context("waiting for the GPU")?;
+            self.check()?;
+            return Ok(Vec::new());
+        }
+        let staging = staging.expect("made above");
+        let slice = staging.slice(..n.next_multiple_of(4));
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        let polled = self.device.poll(wgpu::PollType::wait_indefinitely());
+        let mapped = rx.recv();
+        // Unmap whatever happens, so the next read-back can submit.
+        let bytes = match mapped {
+            Ok(Ok(())) => {
+                let bytes = slice.get_mapped_range().map(|m| m[..n as usize].to_vec());
+                staging.unmap();
+                Some(bytes)
+            }
+            _ => None,
+        };
+        polled.context("waiting for the GPU")?;
+        self.check()?;
+        bytes.context("mapping the read-back buffer failed")?.context("reading the mapped buffer")
+    }
+}

@@ -1,0 +1,129 @@
+//! GPU-only checks beyond the shared parity suite (tests/backend_parity.rs): what only a
+//! device backend can get wrong — extreme GELU inputs through the fused kernels, outputs
+//! larger than one storage binding, greedy selection on the device, and errors that
+//! must come back as errors rather than panics.
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use batch_forge::backend::cpu::WeightDtype;
+use batch_forge::backend::gpu::{GpuBackend, GpuOptions};
+use batch_forge::backend::reference::ReferenceBackend;
+use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use batch_forge::engine::sampler::{Rng, argmax};
+use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, TensorView};
+
+fn gpu() -> Option<GpuBackend> {
+    common::gpu_backend(GpuOptions { weight_dtype: Some(WeightDtype::F32), ..Default::default() })
+}
+
+fn view(t: &OwnedTensor) -> TensorView<'_> {
+    TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
+}
+
+fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect()
+}
+
+/// GELU where a fast tanh overflows: up to ±3e38 (x³ is inf), in the standalone kernel
+/// and fused into the matmul epilogue. Every output must be finite and equal the
+/// reference's (gelu(x) = x for large positive x, -0 for large negative).
+#[test]
+fn gelu_survives_huge_pre_activations() {
+    let Some(b) = gpu() else { return };
+    let r = ReferenceBackend;
+    let vals = [3e38f32, -3e38, 1e20, -1e20, 1e3, -1e3, 150.0, -150.0, 9.5, -9.5, 0.0, 1e-30];
+    let x = HostMatrix { rows: 1, cols: vals.len(), data: vals.to_vec() };
+    let mut got = b.upload(&x);
+    b.gelu(&mut got);
+    let got = b.read(&got).unwrap();
+    let mut want = x.clone();
+    r.gelu(&mut want);
+    for (i, (g, w)) in got.data.iter().zip(&want.data).enumerate() {
+        assert!(g.is_finite(), "gelu({}) = {g}", vals[i]);
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-30), "gelu({}) = {g}, reference {w}", vals[i]);
+    }
+    // Fused: identity weights (k = n), so the pre-activations are exactly `vals`, via
+    // both the GEMV (1 row) and the tiled matmul (9 rows).
+    let n = vals.len();
+    let eye: Vec<f32> = (0..n * n).map(|i| if i / n == i % n { 1.0 } else { 0.0 }).collect();
+    let w = OwnedTensor::f32("eye", vec![n, n], &eye);
+    let (wb, wr) = (
+        b.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
+        r.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
+    );
+    for rows in [1, 9] {
+        let x = HostMatrix { rows, cols: n, data: vals.iter().cycle().take(rows * n).copied().collect() };
+        let got = b.read(&b.linear_gelu(&b.upload(&x), &wb, None)).unwrap();
+        let mut want = r.linear(&x, &wr, None);
+        r.gelu(&mut want);
+        for (g, w) in got.data.iter().zip(&want.data) {
+            assert!(g.is_finite() && (g - w).abs() <= 1e-6 * w.abs().max(1e-30), "fused gelu, {rows} rows: {g} vs {w}");
+        }
+    }
+}
+
+/// A (700, 50257) output is 141 MB, over lavapipe's 128 MiB binding: the matmul splits
+/// its rows into blocks and the weight into row chunks. Compared with the reference.
+#[test]
+fn outputs_larger_than_one_binding() {
+    let Some(b) = gpu() else { return };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(7);
+    let (t, k, n) = (700, 8, 50257);
+    let x = HostMatrix { rows: t, cols: k, data: uniform(&mut rng, t * k, 1.0) };
+    let w = OwnedTensor::f32("w", vec![n, k], &uniform(&mut rng, n * k, 1.0));
+    let bias = OwnedTensor::f32("b", vec![n], &uniform(&mut rng, n, 1.0));
+    let got = b
+        .read(&b.linear(
+            &b.upload(&x),
+            &b.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
+            Some(&b.load_vector(&view(&bias)).unwrap()),
+        ))
+        .unwrap();
+    let want = r.linear(
+        &x,
+        &r.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
+        Some(&r.load_vector(&view(&bias)).unwrap()),
+    );
+    let worst = got.data.iter().zip(&want.data).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-5, "max abs error {worst}");
+}
+
+/// Greedy selection on the device equals the host's argmax, ties to the lowest index.
+#[test]
+fn device_argmax_matches_host() {
+    let Some(b) = gpu() else { return };
+    let mut rng = Rng::new(3);
+    let cols = 50257;
+    let mut data = uniform(&mut rng, 4 * cols, 10.0);
+    data[cols + 17] = 99.0; // row 1: a tie between 17 and 40000
+    data[cols + 40000] = 99.0;
+    data[2 * cols + cols - 1] = 1e30; // row 2: the last column
+    for v in &mut data[3 * cols..] {
+        *v = -5.0; // row 3: all equal → 0
+    }
+    let x = HostMatrix { rows: 4, cols, data };
+    let mut ids = Vec::new();
+    assert!(b.argmax_rows(&b.upload(&x), &mut ids).unwrap());
+    let want: Vec<u32> = (0..4).map(|r| argmax(x.row(r))).collect();
+    assert_eq!(ids, want);
+    assert_eq!(ids[1..], [17, cols as u32 - 1, 0]);
+}
+
+/// Misuse reports an error at the next read instead of panicking or returning garbage.
+#[test]
+fn errors_come_back_as_errors() {
+    let Some(b) = gpu() else { return };
+    let x = b.upload(&HostMatrix::zeros(2, 6));
+    let mut cache = b.new_kv_cache(1, 4, 2).unwrap();
+    // Positions 3..5 do not fit a cache of 4.
+    let out = b.attention(&x, &[SeqSlice { rows: 0..2, start_pos: 3 }], &mut [&mut cache], 0, 1, 1.0);
+    let err = b.read(&out).unwrap_err().to_string();
+    assert!(err.contains("KV cache"), "{err}");
+    // The backend keeps working afterwards.
+    let y = b.read(&b.upload(&HostMatrix { rows: 1, cols: 3, data: vec![1.0, 2.0, 3.0] })).unwrap();
+    assert_eq!(y.data, [1.0, 2.0, 3.0]);
+    // A cache larger than one binding is refused up front.
+    assert!(b.new_kv_cache(1, 1 << 20, 1 << 10).is_err());
+}

@@ -1,0 +1,34 @@
+//! The Metal path, checked on Linux: lavapipe runs our WGSL through naga's SPIR-V
+//! backend, but on a Mac wgpu translates it to MSL. Every kernel variant the backend can
+//! compile goes through naga's WGSL front end, validation and MSL back end here, so a
+//! kernel that could not run on Metal fails CI without a Mac.
+#![cfg(feature = "gpu")]
+
+use batch_forge::backend::gpu::kernels::{ENTRY_POINTS, kernel_sources};
+
+#[test]
+fn every_kernel_translates_to_msl() {
+    let sources = kernel_sources();
+    assert!(sources.len() >= 9, "expected every kernel file with its weight variants, got {}", sources.len());
+    for (label, src) in &sources {
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
+        // Validate with the capabilities the backend requests (shader-f16 for f16 weights).
+        let caps = naga::valid::Capabilities::SHADER_FLOAT16 | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{label}: validation: {}", e.emit_to_string(src)));
+        // MSL 2.4 (macOS 12 / Apple Silicon era) as wgpu's Metal backend targets.
+        let options = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+        let pipeline_options = naga::back::msl::PipelineOptions::default();
+        let (msl, _) = naga::back::msl::write_string(&module, &info, &options, &pipeline_options)
+            .unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
+        // Every declared entry point made it into the Metal source as a kernel.
+        let file = label.split(' ').next().unwrap();
+        let entries = ENTRY_POINTS.iter().find(|(f, _)| *f == file).unwrap().1;
+        for entry in entries {
+            assert!(module.entry_points.iter().any(|e| e.name == *entry), "{label}: no entry point {entry}");
+            assert!(msl.contains(&format!("kernel void {entry}")), "{label}: {entry} missing from the MSL");
+        }
+        assert_eq!(module.entry_points.len(), entries.len(), "{label}: ENTRY_POINTS is out of date");
+    }
+}
