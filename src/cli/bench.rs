@@ -107,7 +107,9 @@ fn bench_on<B: Backend>(
     let params_m = config.n_params() as f64 / 1e6;
     let model = Gpt2::load(&backend, config, store)?;
     let n_ctx = model.config.n_positions;
-    let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
+    // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
+    let on_gpu = backend.name() == "gpu";
+    let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
     println!("| model | size | params | backend | dtype | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
@@ -168,6 +170,7 @@ fn bench_on<B: Backend>(
                 }
             }
             let (mean, sd) = mean_sd(&rates);
+            let t = if on_gpu { "-".to_string() } else { t.to_string() };
             println!(
                 "| {} | {:.2} GiB | {params_m:.1} M | {} | {} | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
                 info.label,

@@ -121,6 +121,7 @@ macro_rules! with_backend {
                 #[cfg(feature = "gpu")]
                 {
                     let $b = batch_forge::backend::gpu::GpuBackend::new($args.gpu_options()?)?;
+                    eprintln!("gpu: {}", $b.description());
                     $body
                 }
                 #[cfg(not(feature = "gpu"))]

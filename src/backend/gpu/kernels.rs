@@ -54,10 +54,38 @@ pub fn kernel_sources() -> Vec<(String, String)> {
 /// Files whose kernels read weights (type `W`).
 const WEIGHT_FILES: [&str; 2] = ["matmul.wgsl", "embed.wgsl"];
 
-/// A compute pipeline and its bind-group layout (derived from the shader).
+/// How a kernel binds its buffers. Binding 0 is always the kernel's parameters, a
+/// uniform read at a dynamic offset into the per-submission arena, so one bind group
+/// serves every dispatch on the same buffers and can be cached.
+#[derive(Clone, Copy)]
+enum Slot {
+    Read,
+    ReadWrite,
+}
+
+/// The storage bindings (1..) of each entry point, as the WGSL declares them.
+fn slots(entry: &str) -> &'static [(u32, Slot)] {
+    use Slot::*;
+    match entry {
+        "add" => &[(1, ReadWrite), (2, Read)],
+        "gelu" => &[(1, ReadWrite)],
+        "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
+        "add_layer_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (4, Read), (5, ReadWrite)],
+        "matmul" | "gemv" | "gemv_thread" => &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)],
+        "kv_store" => &[(1, Read), (2, ReadWrite)],
+        "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite)],
+        "embed" => &[(1, Read), (2, Read), (3, ReadWrite)],
+        "argmax" => &[(1, Read), (2, ReadWrite)],
+        _ => &[],
+    }
+}
+
+/// A compute pipeline and its bind-group layout.
 pub struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// Distinguishes kernels in the bind-group cache.
+    pub id: usize,
 }
 
 /// Every pipeline the backend dispatches. `*_f16` exist when the device has shader-f16.
@@ -95,21 +123,49 @@ impl Kernels {
             }
             Ok(m)
         };
+        let next_id = std::cell::Cell::new(0);
         let kernel = |m: &wgpu::ShaderModule, entry: &str| -> anyhow::Result<Kernel> {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let mut entries = vec![wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: true,
+                    min_binding_size: None,
+                },
+                count: None,
+            }];
+            entries.extend(slots(entry).iter().map(|&(binding, slot)| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: matches!(slot, Slot::Read) },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            }));
+            let layout = device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(entry), entries: &entries });
+            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(entry),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry),
-                layout: None,
+                layout: Some(&pipeline_layout),
                 module: m,
                 entry_point: Some(entry),
                 compilation_options: Default::default(),
                 cache: None,
             });
-            let layout = pipeline.get_bind_group_layout(0);
             if let Some(e) = pollster::block_on(scope.pop()) {
                 anyhow::bail!("kernel {entry} failed to build: {e}");
             }
-            Ok(Kernel { pipeline, layout })
+            next_id.set(next_id.get() + 1);
+            Ok(Kernel { pipeline, layout, id: next_id.get() })
         };
         let elementwise = module("elementwise.wgsl", false)?;
         let gelu = module("gelu.wgsl", false)?;

@@ -70,16 +70,48 @@ pub struct GpuBackend {
     param_slot: u64,
     dummy: wgpu::Buffer,
     state: Mutex<State>,
+    bind_groups: Arc<BindCache>,
     pool: Arc<Pool>,
     errors: Arc<Mutex<Option<String>>>,
 }
 
+/// A cached bind group's identity: the kernel and its buffer bindings.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: usize,
+    buffers: Vec<(u32, wgpu::Buffer, u64, Option<NonZeroU64>)>,
+}
+
+type BindCache = Mutex<HashMap<BindKey, wgpu::BindGroup>>;
+
+/// Cached bind groups hold their buffers alive; past this many the cache starts over.
+const BIND_CACHE_MAX: usize = 4096;
+
 #[derive(Default)]
 struct State {
+    /// The open compute pass of `encoder` (it holds the encoder until dropped).
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// Parameters of the dispatches recorded since the last submission.
     params: Vec<u8>,
     staging: Option<wgpu::Buffer>,
+}
+
+impl State {
+    /// The pending encoder, with no pass open (for copies).
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()))
+    }
+
+    /// The open compute pass, begun on the pending encoder if there is none.
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let enc = self.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+            self.pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+        }
+        self.pass.as_mut().expect("just begun")
+    }
 }
 
 impl GpuBackend {
@@ -136,6 +168,7 @@ impl GpuBackend {
             param_slot,
             dummy,
             state: Mutex::default(),
+            bind_groups: Arc::default(),
             pool: Arc::new(Pool { device: device.clone(), free: Mutex::default() }),
             errors,
             device,
@@ -178,6 +211,7 @@ impl GpuBackend {
 
     /// Submit everything recorded so far (parameters first).
     fn submit(&self, st: &mut State) {
+        st.pass = None;
         if !st.params.is_empty() {
             self.queue.write_buffer(&self.params_buf, 0, &st.params);
             st.params.clear();
@@ -198,7 +232,17 @@ impl GpuBackend {
     }
 
     /// Record one dispatch: `params` (u32 words) become binding 0, `bindings` the rest.
-    fn dispatch(&self, k: &Kernel, params: &[u32], bindings: &[(u32, wgpu::BufferBinding<'_>)], groups: (u32, u32)) {
+    /// All dispatches of a step go into one compute pass; wgpu orders dependent ones.
+    /// Bind groups are cached by their buffers (`cache`), unless a binding is a one-off
+    /// buffer that would only fill the cache.
+    fn dispatch(
+        &self,
+        k: &Kernel,
+        params: &[u32],
+        bindings: &[(u32, wgpu::BufferBinding<'_>)],
+        groups: (u32, u32),
+        cache: bool,
+    ) {
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
@@ -209,36 +253,47 @@ impl GpuBackend {
         let offset = st.params.len() as u64;
         st.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
         st.params.resize((offset + self.param_slot) as usize, 0);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.params_buf,
-                offset,
-                size: NonZeroU64::new(params.len() as u64 * 4),
-            }),
-        }];
-        entries.extend(
-            bindings
-                .iter()
-                .map(|(i, b)| wgpu::BindGroupEntry { binding: *i, resource: wgpu::BindingResource::Buffer(b.clone()) }),
-        );
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &k.layout,
-            entries: &entries,
-        });
-        let device = &self.device;
-        let enc = st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-        let mut pass = enc.begin_compute_pass(&Default::default());
+        let make = || {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &self.params_buf,
+                    offset: 0,
+                    size: NonZeroU64::new(params.len() as u64 * 4),
+                }),
+            }];
+            entries.extend(bindings.iter().map(|(i, b)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: wgpu::BindingResource::Buffer(b.clone()),
+            }));
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &k.layout,
+                entries: &entries,
+            })
+        };
+        let bind_group = if cache {
+            let key = BindKey {
+                kernel: k.id,
+                buffers: bindings.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect(),
+            };
+            let mut groups = self.bind_groups.lock().unwrap_or_else(|p| p.into_inner());
+            if groups.len() >= BIND_CACHE_MAX {
+                groups.clear();
+            }
+            groups.entry(key).or_insert_with(make).clone()
+        } else {
+            make()
+        };
+        let pass = st.pass(&self.device);
         pass.set_pipeline(&k.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(groups.0, groups.1, 1);
     }
 
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut st = self.lock();
-        let device = &self.device;
-        f(st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default())));
+        f(st.encoder(&self.device));
     }
 
     /// A fresh device buffer holding `bytes` (written at creation, so it cannot race the
@@ -306,7 +361,7 @@ impl GpuBackend {
                     (4, out.binding()),
                 ];
                 let per_group = if self.gemv_thread { 64 } else { 8 };
-                self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)));
+                self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)), true);
             }
             return out;
         }
@@ -323,7 +378,7 @@ impl GpuBackend {
                 let params = [mb as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
                 let bindings =
                     [(1, a.clone()), (2, c.buffer.as_entire_buffer_binding()), (3, bias_b.clone()), (4, o.clone())];
-                self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32));
+                self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32), true);
             }
         }
         out
@@ -420,6 +475,15 @@ pub struct GpuKvCache {
     layers: Vec<wgpu::Buffer>,
     capacity: usize,
     width: usize,
+    bind_groups: Arc<BindCache>,
+}
+
+impl Drop for GpuKvCache {
+    /// Cached bind groups would keep the cache's memory alive: forget them.
+    fn drop(&mut self) {
+        let mut groups = self.bind_groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|k, _| !k.buffers.iter().any(|(_, b, _, _)| self.layers.contains(b)));
+    }
 }
 
 impl Backend for GpuBackend {
@@ -508,7 +572,7 @@ impl Backend for GpuBackend {
             })
             .collect();
         self.check()?;
-        Ok(GpuKvCache { layers, capacity, width })
+        Ok(GpuKvCache { layers, capacity, width, bind_groups: self.bind_groups.clone() })
     }
 
     fn upload(&self, m: &HostMatrix) -> GpuAct {
@@ -538,7 +602,7 @@ impl Backend for GpuBackend {
                 (2, ids_buf.as_entire_buffer_binding()),
                 (3, out.binding()),
             ];
-            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)));
+            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)), false);
         }
         out
     }
@@ -556,7 +620,7 @@ impl Backend for GpuBackend {
             (4, shift.buffer.as_entire_buffer_binding()),
             (5, out.binding()),
         ];
-        self.dispatch(&self.kernels.layer_norm, &params, &bindings, self.grid(x.rows));
+        self.dispatch(&self.kernels.layer_norm, &params, &bindings, self.grid(x.rows), true);
         out
     }
 
@@ -574,7 +638,7 @@ impl Backend for GpuBackend {
             (4, shift.buffer.as_entire_buffer_binding()),
             (5, out.binding()),
         ];
-        self.dispatch(&self.kernels.add_layer_norm, &params, &bindings, self.grid(x.rows));
+        self.dispatch(&self.kernels.add_layer_norm, &params, &bindings, self.grid(x.rows), true);
         out
     }
 
@@ -589,7 +653,7 @@ impl Backend for GpuBackend {
     fn gelu(&self, x: &mut GpuAct) {
         let n = x.rows * x.cols;
         let params = [n as u32, 0, 0, 0];
-        self.dispatch(&self.kernels.gelu, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)));
+        self.dispatch(&self.kernels.gelu, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)), true);
     }
 
     fn add(&self, x: &mut GpuAct, y: &GpuAct) {
@@ -599,7 +663,13 @@ impl Backend for GpuBackend {
         }
         let n = x.rows * x.cols;
         let params = [n as u32, 0, 0, 0];
-        self.dispatch(&self.kernels.add, &params, &[(1, x.binding()), (2, y.binding())], self.grid(n.div_ceil(256)));
+        self.dispatch(
+            &self.kernels.add,
+            &params,
+            &[(1, x.binding()), (2, y.binding())],
+            self.grid(n.div_ceil(256)),
+            true,
+        );
     }
 
     fn attention(
@@ -648,12 +718,14 @@ impl Backend for GpuBackend {
                 &params,
                 &[(1, qkv.binding()), (2, kv.clone())],
                 self.grid((rows * c).div_ceil(256)),
+                true,
             );
             self.dispatch(
                 &self.kernels.attend,
                 &params,
                 &[(1, qkv.binding()), (2, kv), (3, out.binding())],
                 (rows as u32, n_head as u32),
+                true,
             );
         }
         out
@@ -695,7 +767,13 @@ impl Backend for GpuBackend {
         let ids = self.take(x.rows, 1);
         if x.rows > 0 && x.cols > 0 {
             let params = [x.rows as u32, x.cols as u32, 0, 0];
-            self.dispatch(&self.kernels.argmax, &params, &[(1, x.binding()), (2, ids.binding())], (x.rows as u32, 1));
+            self.dispatch(
+                &self.kernels.argmax,
+                &params,
+                &[(1, x.binding()), (2, ids.binding())],
+                (x.rows as u32, 1),
+                true,
+            );
         }
         let bytes = self.read_bytes(&ids.buf, (x.rows * 4) as u64)?;
         out.clear();
@@ -719,14 +797,7 @@ impl GpuBackend {
                 }));
             }
             let staging = st.staging.clone().expect("just made");
-            let device = &self.device;
-            st.encoder.get_or_insert_with(|| device.create_command_encoder(&Default::default())).copy_buffer_to_buffer(
-                buf.buffer(),
-                0,
-                &staging,
-                0,
-                size,
-            );
+            st.encoder(&self.device).copy_buffer_to_buffer(buf.buffer(), 0, &staging, 0, size);
         }
         self.submit(&mut st);
         let staging = st.staging.clone();
