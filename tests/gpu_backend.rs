@@ -96,19 +96,22 @@ fn device_argmax_matches_host() {
     let Some(b) = gpu() else { return };
     let mut rng = Rng::new(3);
     let cols = 50257;
-    let mut data = uniform(&mut rng, 4 * cols, 10.0);
+    let mut data = uniform(&mut rng, 5 * cols, 10.0);
     data[cols + 17] = 99.0; // row 1: a tie between 17 and 40000
     data[cols + 40000] = 99.0;
     data[2 * cols + cols - 1] = 1e30; // row 2: the last column
-    for v in &mut data[3 * cols..] {
+    for v in &mut data[3 * cols..4 * cols] {
         *v = -5.0; // row 3: all equal → 0
     }
-    let x = HostMatrix { rows: 4, cols, data };
+    data[4 * cols] = f32::NAN; // row 4: NaNs are never chosen
+    data[4 * cols + 9] = f32::NAN;
+    data[4 * cols + 10] = 1e6;
+    let x = HostMatrix { rows: 5, cols, data };
     let mut ids = Vec::new();
     assert!(b.argmax_rows(&b.upload(&x), &mut ids).unwrap());
-    let want: Vec<u32> = (0..4).map(|r| argmax(x.row(r))).collect();
+    let want: Vec<u32> = (0..5).map(|r| argmax(x.row(r))).collect();
     assert_eq!(ids, want);
-    assert_eq!(ids[1..], [17, cols as u32 - 1, 0]);
+    assert_eq!(ids[1..], [17, cols as u32 - 1, 0, 10]);
 }
 
 /// Misuse reports an error at the next read instead of panicking or returning garbage.

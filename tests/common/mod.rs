@@ -79,6 +79,12 @@ pub fn gpu_backend(opts: batch_forge::backend::gpu::GpuOptions) -> Option<batch_
     match batch_forge::backend::gpu::GpuBackend::new(opts) {
         Ok(b) => {
             eprintln!("gpu backend on {}", b.description());
+            // The API we meant, never a fallback (wgpu is built without GL).
+            let api = b.adapter_info().backend;
+            if cfg!(target_os = "linux") {
+                assert_eq!(api, wgpu::Backend::Vulkan, "GPU tests on Linux must run on Vulkan");
+            }
+            assert!(matches!(api, wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12), "{api:?}");
             Some(b)
         }
         Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true and the GPU backend failed: {e:#}"),

@@ -23,7 +23,8 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var bi = 0xffffffffu;
     for (var c = tid; c < p.cols; c = c + 256u) {
         let v = x[row * p.cols + c];
-        if (v > bv || bi == 0xffffffffu) {
+        // NaN is never chosen (v != v only for NaN), as on the host.
+        if (v == v && (v > bv || bi == 0xffffffffu)) {
             bv = v;
             bi = c;
         }
@@ -44,6 +45,6 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }
     if (tid == 0u) {
-        out[row] = best_i[0];
+        out[row] = select(best_i[0], 0u, best_i[0] == 0xffffffffu); // an all-NaN row gives 0
     }
 }
