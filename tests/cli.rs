@@ -43,25 +43,34 @@ fn assert_clean_error(o: &Output, want: &str) {
 #[test]
 fn generate_json_matches_hf_greedy_ids() {
     let model = fixture("tiny-gpt2");
-    for p in reference("tiny-gpt2")["prompts"].as_array().unwrap().iter().skip(1).take(3) {
-        let o = forge(&[
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt",
-            p["text"].as_str().unwrap(),
-            "--greedy",
-            "-n",
-            "40",
-            "--json",
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let v: Value = serde_json::from_str(stdout(&o).trim()).expect("exactly one JSON object on stdout");
-        assert_eq!(ids(&v["prompt_ids"]), ids(&p["prompt_ids"]));
-        assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
-        assert_eq!(v["text"], p["generated_text"]);
-        assert_eq!(v["backend"], "cpu");
-        assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    let mut backends = vec!["cpu"];
+    #[cfg(feature = "gpu")]
+    if have_gpu() {
+        backends.push("gpu");
+    }
+    for backend in backends {
+        for p in reference("tiny-gpt2")["prompts"].as_array().unwrap().iter().skip(1).take(3) {
+            let o = forge(&[
+                "generate",
+                "--model",
+                model.to_str().unwrap(),
+                "--prompt",
+                p["text"].as_str().unwrap(),
+                "--greedy",
+                "-n",
+                "40",
+                "--json",
+                "--backend",
+                backend,
+            ]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let v: Value = serde_json::from_str(stdout(&o).trim()).expect("exactly one JSON object on stdout");
+            assert_eq!(ids(&v["prompt_ids"]), ids(&p["prompt_ids"]));
+            assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]), "{backend}");
+            assert_eq!(v["text"], p["generated_text"]);
+            assert_eq!(v["backend"], backend);
+            assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+        }
     }
 }
 
@@ -266,34 +275,6 @@ fn gpu_without_an_adapter_is_a_clean_error() {
 #[cfg(feature = "gpu")]
 fn have_gpu() -> bool {
     common::gpu_backend(Default::default()).is_some()
-}
-
-/// `--backend gpu` from the command line gives HF's greedy ids.
-#[cfg(feature = "gpu")]
-#[test]
-fn generate_on_gpu_matches_hf_greedy_ids() {
-    if !have_gpu() {
-        return;
-    }
-    let model = fixture("tiny-gpt2");
-    let p = &reference("tiny-gpt2")["prompts"][1];
-    let o = forge(&[
-        "generate",
-        "-m",
-        model.to_str().unwrap(),
-        "--prompt",
-        p["text"].as_str().unwrap(),
-        "--greedy",
-        "-n",
-        "40",
-        "--json",
-        "--backend",
-        "gpu",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-    assert_eq!(v["backend"], "gpu");
-    assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"]));
 }
 
 /// `--backend both` prints one row per step with the logit difference and agrees.

@@ -8,9 +8,8 @@
 use anyhow::Context;
 
 /// (file name, source) of each kernel family.
-const FILES: [(&str, &str); 7] = [
+const FILES: [(&str, &str); 6] = [
     ("elementwise.wgsl", include_str!("kernels/elementwise.wgsl")),
-    ("gelu.wgsl", include_str!("kernels/gelu.wgsl")),
     ("layer_norm.wgsl", include_str!("kernels/layer_norm.wgsl")),
     ("matmul.wgsl", include_str!("kernels/matmul.wgsl")),
     ("attention.wgsl", include_str!("kernels/attention.wgsl")),
@@ -19,11 +18,13 @@ const FILES: [(&str, &str); 7] = [
 ];
 
 const COMMON: &str = include_str!("kernels/common.wgsl");
+/// Workgroup reductions, appended for the files that use them.
+const REDUCE: &str = include_str!("kernels/reduce.wgsl");
+const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 
 /// The entry points of each file.
-pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
-    ("elementwise.wgsl", &["add"]),
-    ("gelu.wgsl", &["gelu"]),
+pub const ENTRY_POINTS: [(&str, &[&str]); 6] = [
+    ("elementwise.wgsl", &["add", "gelu"]),
     ("layer_norm.wgsl", &["layer_norm", "add_layer_norm"]),
     ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
@@ -35,7 +36,8 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
 pub fn source(file: &str, f16: bool) -> Option<String> {
     let body = FILES.iter().find(|(name, _)| *name == file)?.1;
     let header = if f16 { "enable f16;\nalias W = f16;\n" } else { "alias W = f32;\n" };
-    Some(format!("{header}\n{COMMON}\n{body}"))
+    let reduce = if USES_REDUCE.contains(&file) { REDUCE } else { "" };
+    Some(format!("{header}\n{COMMON}\n{reduce}\n{body}"))
 }
 
 /// Every (label, source) the backend may compile: each file with f32 weights, and the
@@ -168,7 +170,6 @@ impl Kernels {
             Ok(Kernel { pipeline, layout, id: next_id.get() })
         };
         let elementwise = module("elementwise.wgsl", false)?;
-        let gelu = module("gelu.wgsl", false)?;
         let ln = module("layer_norm.wgsl", false)?;
         let mm = module("matmul.wgsl", false)?;
         let attn = module("attention.wgsl", false)?;
@@ -188,7 +189,7 @@ impl Kernels {
         };
         Ok(Kernels {
             add: kernel(&elementwise, "add")?,
-            gelu: kernel(&gelu, "gelu")?,
+            gelu: kernel(&elementwise, "gelu")?,
             layer_norm: kernel(&ln, "layer_norm")?,
             add_layer_norm: kernel(&ln, "add_layer_norm")?,
             matmul: kernel(&mm, "matmul")?,

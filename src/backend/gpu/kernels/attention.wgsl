@@ -47,35 +47,6 @@ fn kv_store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 
 var<workgroup> q_s: array<f32, 256>;
 var<workgroup> scores: array<f32, 256>;
-var<workgroup> partial: array<f32, 256>;
-
-fn reduce_max(tid: u32, v: f32) -> f32 {
-    partial[tid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (tid < s) {
-            partial[tid] = max(partial[tid], partial[tid + s]);
-        }
-        workgroupBarrier();
-    }
-    let m = partial[0];
-    workgroupBarrier();
-    return m;
-}
-
-fn reduce_sum(tid: u32, v: f32) -> f32 {
-    partial[tid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (tid < s) {
-            partial[tid] = partial[tid] + partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    workgroupBarrier();
-    return total;
-}
 
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -103,13 +74,13 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             }
             s = dot * p.scale;
         }
-        let m_new = max(m, reduce_max(tid, s));
+        let m_new = max(m, workgroup_max(tid, s));
         var e = 0.0;
         if (j < n_keys) {
             e = exp(s - m_new);
         }
         scores[tid] = e;
-        let tile_sum = reduce_sum(tid, e); // its barriers also publish `scores`
+        let tile_sum = workgroup_sum(tid, e); // its barriers also publish `scores`
         let correction = exp(m - m_new);
         l = l * correction + tile_sum;
         if (tid < p.head_dim) {

@@ -19,22 +19,6 @@ struct Params {
 @group(0) @binding(4) var<storage, read> shift: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> partial: array<f32, 256>;
-
-fn workgroup_sum(tid: u32, v: f32) -> f32 {
-    partial[tid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (tid < s) {
-            partial[tid] = partial[tid] + partial[tid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = partial[0];
-    workgroupBarrier();
-    return total;
-}
-
 fn normalize_row(row: u32, tid: u32) {
     let base = row * p.cols;
     var s = 0.0;

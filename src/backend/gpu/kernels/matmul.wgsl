@@ -102,48 +102,65 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     }
 }
 
+// Decode batches: up to 8 rows share each weight read. Their accumulators are eight
+// named scalars (a private array indexed by a loop variable would live in slow scratch
+// memory); rows at or past m are skipped by uniform branches, so m = 1 does one FMA.
+struct Acc8 {
+    r0: f32,
+    r1: f32,
+    r2: f32,
+    r3: f32,
+    r4: f32,
+    r5: f32,
+    r6: f32,
+    r7: f32,
+}
+
+// acc[r] += a[r, kk] * wv for the rows r < m.
+fn accumulate(acc: ptr<function, Acc8>, kk: u32, wv: f32) {
+    (*acc).r0 = (*acc).r0 + a[kk] * wv;
+    if (p.m > 1u) { (*acc).r1 = (*acc).r1 + a[1u * p.k + kk] * wv; }
+    if (p.m > 2u) { (*acc).r2 = (*acc).r2 + a[2u * p.k + kk] * wv; }
+    if (p.m > 3u) { (*acc).r3 = (*acc).r3 + a[3u * p.k + kk] * wv; }
+    if (p.m > 4u) { (*acc).r4 = (*acc).r4 + a[4u * p.k + kk] * wv; }
+    if (p.m > 5u) { (*acc).r5 = (*acc).r5 + a[5u * p.k + kk] * wv; }
+    if (p.m > 6u) { (*acc).r6 = (*acc).r6 + a[6u * p.k + kk] * wv; }
+    if (p.m > 7u) { (*acc).r7 = (*acc).r7 + a[7u * p.k + kk] * wv; }
+}
+
+fn row_of(acc: Acc8, r: u32) -> f32 {
+    switch r {
+        case 0u: { return acc.r0; }
+        case 1u: { return acc.r1; }
+        case 2u: { return acc.r2; }
+        case 3u: { return acc.r3; }
+        case 4u: { return acc.r4; }
+        case 5u: { return acc.r5; }
+        case 6u: { return acc.r6; }
+        default: { return acc.r7; }
+    }
+}
+
 var<workgroup> red: array<f32, 2048>; // [8 rows][256]
 
 // 256 invocations = 8 output columns x 32 lanes. The lanes of a column read 32
 // consecutive weights per step (one 128-byte run in f32), the classic one-warp-per-row
-// GEMV, then a tree reduction in workgroup memory. Up to 8 rows share each weight
-// read; their accumulators are named registers (a private array indexed by a loop
-// variable would live in slow scratch memory), behind uniform branches.
+// GEMV, then a tree reduction in workgroup memory.
 @compute @workgroup_size(256)
 fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
     let col = (wg.y * nwg.x + wg.x) * 8u + tid / 32u;
     let lane = tid % 32u;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    var acc2 = 0.0;
-    var acc3 = 0.0;
-    var acc4 = 0.0;
-    var acc5 = 0.0;
-    var acc6 = 0.0;
-    var acc7 = 0.0;
+    var acc = Acc8();
     if (col < p.n) {
         let wbase = col * p.k;
         for (var kk = lane; kk < p.k; kk = kk + 32u) {
-            let wv = f32(w[wbase + kk]);
-            acc0 = acc0 + a[kk] * wv;
-            if (p.m > 1u) { acc1 = acc1 + a[1u * p.k + kk] * wv; }
-            if (p.m > 2u) { acc2 = acc2 + a[2u * p.k + kk] * wv; }
-            if (p.m > 3u) { acc3 = acc3 + a[3u * p.k + kk] * wv; }
-            if (p.m > 4u) { acc4 = acc4 + a[4u * p.k + kk] * wv; }
-            if (p.m > 5u) { acc5 = acc5 + a[5u * p.k + kk] * wv; }
-            if (p.m > 6u) { acc6 = acc6 + a[6u * p.k + kk] * wv; }
-            if (p.m > 7u) { acc7 = acc7 + a[7u * p.k + kk] * wv; }
+            accumulate(&acc, kk, f32(w[wbase + kk]));
         }
     }
-    red[tid] = acc0;
-    if (p.m > 1u) { red[256u + tid] = acc1; }
-    if (p.m > 2u) { red[512u + tid] = acc2; }
-    if (p.m > 3u) { red[768u + tid] = acc3; }
-    if (p.m > 4u) { red[1024u + tid] = acc4; }
-    if (p.m > 5u) { red[1280u + tid] = acc5; }
-    if (p.m > 6u) { red[1536u + tid] = acc6; }
-    if (p.m > 7u) { red[1792u + tid] = acc7; }
+    for (var r = 0u; r < p.m; r = r + 1u) {
+        red[r * 256u + tid] = row_of(acc, r);
+    }
     workgroupBarrier();
     for (var s = 16u; s > 0u; s = s >> 1u) {
         if (lane < s) {
@@ -169,32 +186,12 @@ fn gemv_thread(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     if (col >= p.n) {
         return;
     }
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    var acc2 = 0.0;
-    var acc3 = 0.0;
-    var acc4 = 0.0;
-    var acc5 = 0.0;
-    var acc6 = 0.0;
-    var acc7 = 0.0;
+    var acc = Acc8();
     let wbase = col * p.k;
     for (var kk = 0u; kk < p.k; kk = kk + 1u) {
-        let wv = f32(w[wbase + kk]);
-        acc0 = acc0 + a[kk] * wv;
-        if (p.m > 1u) { acc1 = acc1 + a[1u * p.k + kk] * wv; }
-        if (p.m > 2u) { acc2 = acc2 + a[2u * p.k + kk] * wv; }
-        if (p.m > 3u) { acc3 = acc3 + a[3u * p.k + kk] * wv; }
-        if (p.m > 4u) { acc4 = acc4 + a[4u * p.k + kk] * wv; }
-        if (p.m > 5u) { acc5 = acc5 + a[5u * p.k + kk] * wv; }
-        if (p.m > 6u) { acc6 = acc6 + a[6u * p.k + kk] * wv; }
-        if (p.m > 7u) { acc7 = acc7 + a[7u * p.k + kk] * wv; }
+        accumulate(&acc, kk, f32(w[wbase + kk]));
     }
-    out[p.n_off + col] = finish(acc0, col);
-    if (p.m > 1u) { out[1u * p.ldo + p.n_off + col] = finish(acc1, col); }
-    if (p.m > 2u) { out[2u * p.ldo + p.n_off + col] = finish(acc2, col); }
-    if (p.m > 3u) { out[3u * p.ldo + p.n_off + col] = finish(acc3, col); }
-    if (p.m > 4u) { out[4u * p.ldo + p.n_off + col] = finish(acc4, col); }
-    if (p.m > 5u) { out[5u * p.ldo + p.n_off + col] = finish(acc5, col); }
-    if (p.m > 6u) { out[6u * p.ldo + p.n_off + col] = finish(acc6, col); }
-    if (p.m > 7u) { out[7u * p.ldo + p.n_off + col] = finish(acc7, col); }
+    for (var r = 0u; r < p.m; r = r + 1u) {
+        out[r * p.ldo + p.n_off + col] = finish(row_of(acc, r), col);
+    }
 }
