@@ -43,12 +43,8 @@ fn assert_clean_error(o: &Output, want: &str) {
 #[test]
 fn generate_json_matches_hf_greedy_ids() {
     let model = fixture("tiny-gpt2");
-    let mut backends = vec!["cpu"];
-    #[cfg(feature = "gpu")]
-    if have_gpu() {
-        backends.push("gpu");
-    }
-    for backend in backends {
+    let backends: &[&str] = if have_gpu() { &["cpu", "gpu"] } else { &["cpu"] };
+    for &backend in backends {
         for p in reference("tiny-gpt2")["prompts"].as_array().unwrap().iter().skip(1).take(3) {
             let o = forge(&[
                 "generate",
@@ -275,6 +271,11 @@ fn gpu_without_an_adapter_is_a_clean_error() {
 #[cfg(feature = "gpu")]
 fn have_gpu() -> bool {
     common::gpu_backend(Default::default()).is_some()
+}
+
+#[cfg(not(feature = "gpu"))]
+fn have_gpu() -> bool {
+    false
 }
 
 /// `--backend both` prints one row per step with the logit difference and agrees.

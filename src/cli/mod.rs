@@ -122,6 +122,9 @@ macro_rules! with_backend {
                 {
                     let $b = batch_forge::backend::gpu::GpuBackend::new($args.gpu_options()?)?;
                     eprintln!("gpu: {}", $b.description());
+                    if $args.dtype == $crate::cli::DtypeChoice::F16 && !$b.has_f16() {
+                        eprintln!("warning: this adapter has no shader-f16; weights stay f32");
+                    }
                     $body
                 }
                 #[cfg(not(feature = "gpu"))]
