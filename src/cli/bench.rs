@@ -110,8 +110,8 @@ fn bench_on<B: Backend>(
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
     let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
-    println!("| model | size | params | backend | dtype | threads | test | t/s |");
-    println!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
+    super::outln!("| model | size | params | backend | dtype | threads | test | t/s |");
+    super::outln!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
     let vocab = model.config.vocab_size as u64;
     for &t in &threads {
@@ -171,7 +171,7 @@ fn bench_on<B: Backend>(
             }
             let (mean, sd) = mean_sd(&rates);
             let t = if on_gpu { "-".to_string() } else { t.to_string() };
-            println!(
+            super::outln!(
                 "| {} | {:.2} GiB | {params_m:.1} M | {} | {} | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
                 info.label,
                 info.size_gib,
@@ -189,8 +189,8 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     let data = batch_forge::backend::cpu::matmul::huge_page_vec(n, 1.0f32);
     let isa = simd::Isa::detect();
     let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
-    println!("| test | threads | GB/s (median) | GB/s (best) |");
-    println!("| --- | ---: | ---: | ---: |");
+    super::outln!("| test | threads | GB/s (median) | GB/s (best) |");
+    super::outln!("| --- | ---: | ---: | ---: |");
     for &t in &threads {
         anyhow::ensure!(t > 0, "-t must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
@@ -204,7 +204,7 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
             .skip(1)
             .collect();
         rates.sort_by(f64::total_cmp);
-        println!("| memory read 1 GiB | {t} | {:.1} | {:.1} |", rates[rates.len() / 2], rates[rates.len() - 1]);
+        super::outln!("| memory read 1 GiB | {t} | {:.1} | {:.1} |", rates[rates.len() / 2], rates[rates.len() - 1]);
     }
     Ok(())
 }

@@ -7,12 +7,13 @@ pub fn run() -> anyhow::Result<()> {
         let adapters = device::adapters();
         anyhow::ensure!(!adapters.is_empty(), "{}", device::no_adapter_message());
         for (i, a) in adapters.iter().enumerate() {
-            println!("{}", device::describe(i, a));
+            super::outln!("{}", device::describe(i, a));
         }
         let chosen = device::choose_adapter()?.get_info();
-        println!(
+        super::outln!(
             "--backend gpu uses: {} ({:?}); set BATCH_FORGE_GPU=<index or name> to choose",
-            chosen.name, chosen.backend
+            chosen.name,
+            chosen.backend
         );
         Ok(())
     }

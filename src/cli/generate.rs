@@ -106,9 +106,9 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
         (cpu.model.new_cache(&cpu.backend, capacity)?, gpu.model.new_cache(&gpu.backend, capacity)?);
     let mut sampler = Sampler::new(sampling).map_err(anyhow::Error::msg)?;
     let (mut cpu_logits, mut gpu_logits) = (HostMatrix::zeros(0, 0), HostMatrix::zeros(0, 0));
-    println!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
-    println!("| step | tokens in | max abs logit diff | cpu argmax | gpu argmax | next token |");
-    println!("| ---: | ---: | ---: | ---: | ---: | --- |");
+    super::outln!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
+    super::outln!("| step | tokens in | max abs logit diff | cpu argmax | gpu argmax | next token |");
+    super::outln!("| ---: | ---: | ---: | ---: | ---: | --- |");
     let (mut step_tokens, mut pos, mut worst) = (prompt_ids.clone(), 0, 0f32);
     for step in 0..budget {
         let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
@@ -122,7 +122,7 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
         let (ca, ga) = (argmax(cpu_logits.row(0)), argmax(gpu_logits.row(0)));
         let next = sampler.sample(cpu_logits.row(0));
         let text = String::from_utf8_lossy(tok.token_bytes(next)?).into_owned();
-        println!("| {step} | {} | {diff:.3e} | {ca} | {ga} | {next} {text:?} |", step_tokens.len());
+        super::outln!("| {step} | {} | {diff:.3e} | {ca} | {ga} | {next} {text:?} |", step_tokens.len());
         anyhow::ensure!(
             ca == ga,
             "cpu and gpu diverge at step {step} (position {}): cpu argmax {ca}, gpu argmax {ga}, max abs logit diff {diff:.3e}",
@@ -135,7 +135,7 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
         step_tokens.clear();
         step_tokens.push(next);
     }
-    println!("cpu and gpu agree on every argmax; max abs logit diff over all steps {worst:.3e}");
+    super::outln!("cpu and gpu agree on every argmax; max abs logit diff over all steps {worst:.3e}");
     Ok(())
 }
 

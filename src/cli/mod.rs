@@ -104,6 +104,16 @@ pub fn no_gpu_build() -> anyhow::Error {
     anyhow::anyhow!("this forge was built without GPU support (rebuild with the default `gpu` feature)")
 }
 
+/// `println!` that returns the write error instead of panicking, so `forge ... | head`
+/// ends quietly (see [`is_broken_pipe`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(anyhow::Error::from)?
+    }};
+}
+pub(crate) use outln;
+
 /// Run `$body` with `$b` bound to the chosen backend (each backend is its own type).
 macro_rules! with_backend {
     ($args:expr, |$b:ident| $body:expr) => {{
