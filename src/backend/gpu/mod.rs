@@ -6,9 +6,11 @@
 //!   embedding table is 154 MB, gpt2-xl's 322 MB).
 //! - Activations live in device buffers recycled through a size-class pool.
 //! - The KV cache is resident: one buffer per layer per sequence.
-//! - Every op records a dispatch into one pending command encoder; nothing is submitted
-//!   until a result is read back, so a whole forward step is one submission. Kernel
-//!   parameters go into a per-submission uniform arena, written just before submitting.
+//! - Every op records a dispatch into one open compute pass of one pending command
+//!   encoder; nothing is submitted until a result is read back, so a whole forward step
+//!   is one submission. Kernel parameters go into a per-submission uniform arena (written
+//!   just before submitting) read at a dynamic offset, so bind groups depend only on
+//!   buffers and are cached: a warm decode step creates none.
 //! - Only what the caller asks for is read back: the selected rows' logits, or with
 //!   [`Backend::argmax_rows`] just the greedy token ids (4 bytes per sequence).
 //! - wgpu errors never panic: an uncaptured-error handler records them and the next
