@@ -261,21 +261,27 @@ fn cpu_portable_f32_and_f16() {
 
 /// The GPU backend through the same suite with the same bounds: its kernels accumulate
 /// in f32 like the CPU ones, only in another order. Both decode GEMV kernels run, so
-/// the one a real GPU picks is checked here too; f16 weights (shader-f16) are checked
-/// against the reference fed the same f16-rounded weights.
+/// the one a real GPU picks is checked here too; f16 weights and the f16 KV cache
+/// (shader-f16) are checked against the reference fed the same f16-rounded values.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_every_kernel_variant() {
     use batch_forge::backend::gpu::{GemvKernel, GpuOptions};
-    for dtype in [WeightDtype::F32, WeightDtype::F16] {
-        for gemv in [GemvKernel::Cooperative, GemvKernel::Thread] {
-            let Some(b) = common::gpu_backend(GpuOptions { weight_dtype: Some(dtype), gemv }) else { return };
-            if dtype == WeightDtype::F16 && !b.has_f16() {
-                eprintln!("SKIPPED: adapter {} lacks shader-f16; f16 weights fall back to f32", b.description());
-                continue;
-            }
-            let worst = parity_suite(&b, dtype, false);
-            eprintln!("gpu {dtype:?} weights, {gemv:?} gemv: worst (NMSE, max rel) per op {worst:?}");
+    // (weights, decode GEMV, f16 KV cache)
+    let variants = [
+        (WeightDtype::F32, GemvKernel::Cooperative, false),
+        (WeightDtype::F32, GemvKernel::Thread, false),
+        (WeightDtype::F16, GemvKernel::Cooperative, true),
+        (WeightDtype::F16, GemvKernel::Thread, false),
+    ];
+    for (dtype, gemv, kv_f16) in variants {
+        let f16 = dtype == WeightDtype::F16 || kv_f16;
+        if f16 && common::gpu_backend(GpuOptions::default()).is_some_and(|b| !b.has_f16()) {
+            eprintln!("SKIPPED: the adapter lacks shader-f16, needed for f16 weights and KV cache");
+            continue;
         }
+        let Some(b) = common::gpu_backend(GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16 }) else { return };
+        let worst = parity_suite(&b, dtype, kv_f16);
+        eprintln!("gpu {dtype:?} weights, {gemv:?} gemv, kv_f16={kv_f16}: worst (NMSE, max rel) per op {worst:?}");
     }
 }

@@ -131,6 +131,10 @@ fn sampling_is_reproducible_with_a_seed_and_reference_backend_agrees() {
     };
     assert_eq!(run("7", "cpu"), run("7", "cpu"));
     assert_eq!(run("7", "cpu"), run("7", "reference"));
+    if have_gpu() {
+        // Sampling reads the gpu's logits back and draws on the host, like the cpu.
+        assert_eq!(run("7", "cpu"), run("7", "gpu"));
+    }
     assert_ne!(run("7", "cpu"), run("8", "cpu"));
 }
 
@@ -317,8 +321,8 @@ fn devices_lists_the_adapter() {
 fn gpu_flags_that_do_not_apply_are_refused() {
     let model = fixture("tiny-gpt2");
     let m = model.to_str().unwrap();
-    let o = forge(&["generate", "-m", m, "hi", "--backend", "gpu", "--kv-dtype", "f16"]);
-    assert_clean_error(&o, "--kv-dtype applies to cpu");
+    let o = forge(&["generate", "-m", m, "hi", "--backend", "gpu", "--dtype", "bf16"]);
+    assert_clean_error(&o, "bf16 is cpu-only");
     let o = forge(&["bench", "-m", m, "--backend", "both"]);
     assert_clean_error(&o, "for `forge generate` only");
 }

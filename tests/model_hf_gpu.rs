@@ -41,3 +41,22 @@ fn gpu_f16_weights_stay_within_measured_bounds() {
     assert!(err < 0.012, "{err:e}");
     assert!(ok >= 7, "{ok}/{n}");
 }
+
+/// The f16 KV cache on the GPU: lossy, bounded like the CPU's f16 KV cache (3.0e-3 there).
+#[test]
+fn gpu_f16_kv_cache_stays_within_measured_bounds() {
+    let ckpt = "tiny-gpt2";
+    let probe = gpu_backend(GpuOptions::default());
+    if probe.as_ref().is_none_or(|b| !b.has_f16()) {
+        eprintln!("SKIPPED: no adapter with shader-f16");
+        return;
+    }
+    drop(probe);
+    let opts = GpuOptions { weight_dtype: Some(WeightDtype::F32), kv_f16: true, ..Default::default() };
+    let e = Engine::load_dir(gpu_backend(opts).unwrap(), &fixture(ckpt)).unwrap();
+    let err = max_logit_error(&e, ckpt);
+    let (ok, n) = greedy_matches(&e, ckpt);
+    eprintln!("gpu f16 KV cache on {ckpt}: max abs logit error vs HF {err:.3e}, greedy equal to HF: {ok}/{n}");
+    assert!(err < 0.006, "{err:e}");
+    assert!(ok >= 7, "{ok}/{n}");
+}

@@ -66,7 +66,7 @@ pub struct BackendArgs {
     /// Weight storage (cpu: f32/f16/bf16, gpu: f32/f16); 16-bit halves the bytes read per token.
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
-    /// KV-cache storage of the cpu backend.
+    /// KV-cache storage (cpu and gpu; f16 on the gpu needs shader-f16).
     #[arg(long, value_parser = ["f32", "f16"], default_value = "f32")]
     pub kv_dtype: String,
 }
@@ -90,9 +90,10 @@ impl BackendArgs {
 
     #[cfg(feature = "gpu")]
     pub fn gpu_options(&self) -> anyhow::Result<batch_forge::backend::gpu::GpuOptions> {
-        anyhow::ensure!(self.kv_dtype == "f32", "the gpu backend keeps its KV cache in f32; --kv-dtype applies to cpu");
+        let cpu = self.cpu_options()?;
         Ok(batch_forge::backend::gpu::GpuOptions {
-            weight_dtype: self.cpu_options()?.weight_dtype,
+            weight_dtype: cpu.weight_dtype,
+            kv_f16: cpu.kv_f16,
             ..Default::default()
         })
     }

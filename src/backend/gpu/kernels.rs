@@ -1,8 +1,8 @@
 //! The WGSL kernel sources and their compiled pipelines.
 //!
 //! Each `.wgsl` file in `kernels/` is one family of entry points. A kernel's full source
-//! is a header (`enable f16;` and `alias W = f16;` for 16-bit weights, `alias W = f32;`
-//! otherwise), then `common.wgsl`, then the file. [`kernel_sources`] lists every
+//! is a header (`enable f16;` and `alias W = f16; alias KV = f16;` for 16-bit weights
+//! and KV cache, the f32 aliases otherwise), then `common.wgsl`, then the file. [`kernel_sources`] lists every
 //! variant the backend can compile, so the naga MSL test checks exactly what runs.
 
 use anyhow::Context;
@@ -32,29 +32,31 @@ pub const ENTRY_POINTS: [(&str, &[&str]); 6] = [
     ("argmax.wgsl", &["argmax"]),
 ];
 
-/// The full source of kernel `file` with weights of type f16 (`f16 = true`) or f32.
+/// The full source of kernel `file` with weights and KV cache of type f16 (`f16 = true`)
+/// or f32.
 pub fn source(file: &str, f16: bool) -> Option<String> {
     let body = FILES.iter().find(|(name, _)| *name == file)?.1;
-    let header = if f16 { "enable f16;\nalias W = f16;\n" } else { "alias W = f32;\n" };
+    let header =
+        if f16 { "enable f16;\nalias W = f16;\nalias KV = f16;\n" } else { "alias W = f32;\nalias KV = f32;\n" };
     let reduce = if USES_REDUCE.contains(&file) { REDUCE } else { "" };
     Some(format!("{header}\n{COMMON}\n{reduce}\n{body}"))
 }
 
-/// Every (label, source) the backend may compile: each file with f32 weights, and the
-/// files that read weights again with f16 ones.
+/// Every (label, source) the backend may compile: each file in f32, and the files that
+/// read weights or the KV cache again in f16.
 pub fn kernel_sources() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (file, _) in FILES {
-        out.push((format!("{file} (f32 weights)"), source(file, false).expect("listed")));
-        if WEIGHT_FILES.contains(&file) {
-            out.push((format!("{file} (f16 weights)"), source(file, true).expect("listed")));
+        out.push((format!("{file} (f32)"), source(file, false).expect("listed")));
+        if F16_FILES.contains(&file) {
+            out.push((format!("{file} (f16)"), source(file, true).expect("listed")));
         }
     }
     out
 }
 
-/// Files whose kernels read weights (type `W`).
-const WEIGHT_FILES: [&str; 2] = ["matmul.wgsl", "embed.wgsl"];
+/// Files whose kernels read weights (type `W`) or the KV cache (type `KV`).
+const F16_FILES: [&str; 3] = ["matmul.wgsl", "embed.wgsl", "attention.wgsl"];
 
 /// How a kernel binds its buffers. Binding 0 is always the kernel's parameters, a
 /// uniform read at a dynamic offset into the per-submission arena, so one bind group
@@ -107,6 +109,8 @@ pub struct Kernels {
     pub gemv_f16: Option<Kernel>,
     pub gemv_thread_f16: Option<Kernel>,
     pub embed_f16: Option<Kernel>,
+    pub kv_store_f16: Option<Kernel>,
+    pub attend_f16: Option<Kernel>,
 }
 
 impl Kernels {
@@ -175,17 +179,8 @@ impl Kernels {
         let attn = module("attention.wgsl", false)?;
         let embed = module("embed.wgsl", false)?;
         let argmax = module("argmax.wgsl", false)?;
-        let (matmul_f16, gemv_f16, gemv_thread_f16, embed_f16) = if f16 {
-            let mm16 = module("matmul.wgsl", true)?;
-            let embed16 = module("embed.wgsl", true)?;
-            (
-                Some(kernel(&mm16, "matmul")?),
-                Some(kernel(&mm16, "gemv")?),
-                Some(kernel(&mm16, "gemv_thread")?),
-                Some(kernel(&embed16, "embed")?),
-            )
-        } else {
-            (None, None, None, None)
+        let f16_kernel = |file: &str, entry: &str| -> anyhow::Result<Option<Kernel>> {
+            if f16 { Ok(Some(kernel(&module(file, true)?, entry)?)) } else { Ok(None) }
         };
         Ok(Kernels {
             add: kernel(&elementwise, "add")?,
@@ -199,10 +194,12 @@ impl Kernels {
             attend: kernel(&attn, "attend")?,
             embed: kernel(&embed, "embed")?,
             argmax: kernel(&argmax, "argmax")?,
-            matmul_f16,
-            gemv_f16,
-            gemv_thread_f16,
-            embed_f16,
+            matmul_f16: f16_kernel("matmul.wgsl", "matmul")?,
+            gemv_f16: f16_kernel("matmul.wgsl", "gemv")?,
+            gemv_thread_f16: f16_kernel("matmul.wgsl", "gemv_thread")?,
+            embed_f16: f16_kernel("embed.wgsl", "embed")?,
+            kv_store_f16: f16_kernel("attention.wgsl", "kv_store")?,
+            attend_f16: f16_kernel("attention.wgsl", "attend")?,
         })
     }
 }

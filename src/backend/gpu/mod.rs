@@ -38,6 +38,8 @@ pub struct GpuOptions {
     pub weight_dtype: Option<WeightDtype>,
     /// Which decode GEMV kernel to use.
     pub gemv: GemvKernel,
+    /// Store the KV cache in f16 (needs shader-f16).
+    pub kv_f16: bool,
 }
 
 /// The two decode GEMV kernels (see matmul.wgsl); the parity tests run both.
@@ -129,8 +131,9 @@ impl GpuBackend {
             "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
         );
         let info = adapter.get_info();
-        let want_f16 = opts.weight_dtype != Some(WeightDtype::F32);
+        let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_f16;
         let (device, queue, f16) = device::request_device(adapter, want_f16)?;
+        ensure!(f16 || !opts.kv_f16, "--kv-dtype f16 needs shader-f16, which {} does not have", info.name);
         let errors: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -472,9 +475,10 @@ pub struct GpuVector {
     len: usize,
 }
 
-/// One sequence's keys and values: per layer, [2][n_head][capacity][head_dim] f32.
+/// One sequence's keys and values: per layer, [2][n_head][capacity][head_dim] in f32 or f16.
 pub struct GpuKvCache {
     layers: Vec<wgpu::Buffer>,
+    f16: bool,
     capacity: usize,
     width: usize,
     bind_groups: Arc<BindCache>,
@@ -574,7 +578,7 @@ impl Backend for GpuBackend {
             })
             .collect();
         self.check()?;
-        Ok(GpuKvCache { layers, capacity, width, bind_groups: self.bind_groups.clone() })
+        Ok(GpuKvCache { layers, f16: self.opts.kv_f16, capacity, width, bind_groups: self.bind_groups.clone() })
     }
 
     fn upload(&self, m: &HostMatrix) -> GpuAct {
@@ -715,15 +719,24 @@ impl Backend for GpuBackend {
                 0,
             ];
             let kv = cache.layers[layer].as_entire_buffer_binding();
+            let k = &self.kernels;
+            let (kv_store, attend) = if cache.f16 {
+                (
+                    k.kv_store_f16.as_ref().expect("an f16 cache implies shader-f16"),
+                    k.attend_f16.as_ref().expect("an f16 cache implies shader-f16"),
+                )
+            } else {
+                (&k.kv_store, &k.attend)
+            };
             self.dispatch(
-                &self.kernels.kv_store,
+                kv_store,
                 &params,
                 &[(1, qkv.binding()), (2, kv.clone())],
                 self.grid((rows * c).div_ceil(256)),
                 true,
             );
             self.dispatch(
-                &self.kernels.attend,
+                attend,
                 &params,
                 &[(1, qkv.binding()), (2, kv), (3, out.binding())],
                 (rows as u32, n_head as u32),

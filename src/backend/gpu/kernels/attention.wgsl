@@ -1,6 +1,7 @@
 // Causal self-attention for one sequence over its KV cache.
 //
-// Cache layout, one buffer per layer: [2 (k, v)][n_head][capacity][head_dim] f32.
+// Cache layout, one buffer per layer: [2 (k, v)][n_head][capacity][head_dim] of KV
+// (f32, or f16 with shader-f16: half the memory and the bandwidth of long contexts).
 // `kv_store`: writes the k and v parts of the slice's qkv rows (q | k | v, each C wide)
 // into the cache at positions start_pos.. .
 // `attend`: one workgroup per (row, head). The row at position `pos` attends over keys
@@ -21,7 +22,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> cache: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cache: array<KV>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 fn cache_index(kv: u32, head: u32, pos: u32, d: u32) -> u32 {
@@ -41,8 +42,8 @@ fn kv_store(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let d = e % p.head_dim;
     let src = (p.row0 + r) * 3u * c;
     let pos = p.start_pos + r;
-    cache[cache_index(0u, head, pos, d)] = qkv[src + c + e];
-    cache[cache_index(1u, head, pos, d)] = qkv[src + 2u * c + e];
+    cache[cache_index(0u, head, pos, d)] = KV(qkv[src + c + e]);
+    cache[cache_index(1u, head, pos, d)] = KV(qkv[src + 2u * c + e]);
 }
 
 var<workgroup> q_s: array<f32, 256>;
@@ -70,7 +71,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             var dot = 0.0;
             let kb = cache_index(0u, head, j, 0u);
             for (var d = 0u; d < p.head_dim; d = d + 1u) {
-                dot = dot + q_s[d] * cache[kb + d];
+                dot = dot + q_s[d] * f32(cache[kb + d]);
             }
             s = dot * p.scale;
         }
@@ -88,7 +89,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             let n = min(256u, n_keys - t0);
             let vb = cache_index(1u, head, t0, tid);
             for (var jj = 0u; jj < n; jj = jj + 1u) {
-                a = a + scores[jj] * cache[vb + jj * p.head_dim];
+                a = a + scores[jj] * f32(cache[vb + jj * p.head_dim]);
             }
             acc = a;
         }
