@@ -85,10 +85,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
     use batch_forge::backend::cpu::CpuBackend;
     use batch_forge::backend::gpu::GpuBackend;
-    use batch_forge::backend::{HostMatrix, SeqSlice};
-    use batch_forge::engine::Sampler;
-    use batch_forge::engine::sampler::argmax;
-    use batch_forge::model::{Batch, LogitRows};
+    use batch_forge::engine::lockstep::lockstep;
 
     let dir = super::model_dir(&args.model, true)?;
     let cpu = Engine::load_dir(CpuBackend::new(args.backend.cpu_options()?)?, &dir)?;
@@ -98,43 +95,27 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
     let tok = cpu.tokenizer()?;
     let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
     let prompt_ids = if prompt.is_empty() { vec![cpu.model.config.bos_token_id] } else { tok.encode(prompt) };
-    let n_ctx = cpu.model.config.n_positions;
-    anyhow::ensure!(prompt_ids.len() <= n_ctx, "the prompt is {} tokens but the context is {n_ctx}", prompt_ids.len());
-    let budget = args.max_new_tokens.min(n_ctx - prompt_ids.len());
-    let capacity = (prompt_ids.len() + budget).saturating_sub(1).max(prompt_ids.len());
-    let (mut cpu_cache, mut gpu_cache) =
-        (cpu.model.new_cache(&cpu.backend, capacity)?, gpu.model.new_cache(&gpu.backend, capacity)?);
-    let mut sampler = Sampler::new(sampling).map_err(anyhow::Error::msg)?;
-    let (mut cpu_logits, mut gpu_logits) = (HostMatrix::zeros(0, 0), HostMatrix::zeros(0, 0));
+    let params = GenerateParams { max_new_tokens: args.max_new_tokens, sampling, ignore_eos: args.ignore_eos };
     super::outln!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
     super::outln!("| step | tokens in | max abs logit diff | cpu argmax | gpu argmax | next token |");
     super::outln!("| ---: | ---: | ---: | ---: | ---: | --- |");
-    let (mut step_tokens, mut pos, mut worst) = (prompt_ids.clone(), 0, 0f32);
-    for step in 0..budget {
-        let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
-        let batch = Batch { tokens: &step_tokens, seqs: &seqs };
-        let c = cpu.model.forward(&cpu.backend, &batch, &mut [&mut cpu_cache], LogitRows::LastOfEachSeq)?;
-        cpu.backend.to_host(&c, &mut cpu_logits)?;
-        let g = gpu.model.forward(&gpu.backend, &batch, &mut [&mut gpu_cache], LogitRows::LastOfEachSeq)?;
-        gpu.backend.to_host(&g, &mut gpu_logits)?;
-        let diff = cpu_logits.data.iter().zip(&gpu_logits.data).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        worst = worst.max(diff);
-        let (ca, ga) = (argmax(cpu_logits.row(0)), argmax(gpu_logits.row(0)));
-        let next = sampler.sample(cpu_logits.row(0));
-        let text = String::from_utf8_lossy(tok.token_bytes(next)?).into_owned();
-        super::outln!("| {step} | {} | {diff:.3e} | {ca} | {ga} | {next} {text:?} |", step_tokens.len());
-        anyhow::ensure!(
-            ca == ga,
-            "cpu and gpu diverge at step {step} (position {}): cpu argmax {ca}, gpu argmax {ga}, max abs logit diff {diff:.3e}",
-            pos + step_tokens.len() - 1
+    let steps = lockstep(&cpu, &gpu, &prompt_ids, &params, |s| {
+        let text = String::from_utf8_lossy(tok.token_bytes(s.next)?).into_owned();
+        let (step, n, diff, ca, ga, next) = (s.step, s.tokens_in, s.max_abs_diff, s.argmax_a, s.argmax_b, s.next);
+        super::outln!("| {step} | {n} | {diff:.3e} | {ca} | {ga} | {next} {text:?} |");
+        Ok(())
+    })?;
+    if let Some(s) = steps.last().filter(|s| !s.agrees()) {
+        anyhow::bail!(
+            "cpu and gpu diverge at step {} (position {}): cpu argmax {}, gpu argmax {}, max abs logit diff {:.3e}",
+            s.step,
+            s.position,
+            s.argmax_a,
+            s.argmax_b,
+            s.max_abs_diff
         );
-        pos += step_tokens.len();
-        if next == cpu.model.config.eos_token_id && !args.ignore_eos {
-            break;
-        }
-        step_tokens.clear();
-        step_tokens.push(next);
     }
+    let worst = steps.iter().map(|s| s.max_abs_diff).fold(0f32, f32::max);
     super::outln!("cpu and gpu agree on every argmax; max abs logit diff over all steps {worst:.3e}");
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Generation: tokenizer + model + backend, a KV cache per sequence, the
 //! prefill-then-decode loop, sampling and stop conditions.
 
+pub mod lockstep;
 pub mod sampler;
 
 use std::path::Path;
