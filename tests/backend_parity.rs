@@ -19,11 +19,12 @@
 
 mod common;
 
+use common::{tensor, view};
+
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa, WeightDtype};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
 use batch_forge::engine::sampler::Rng;
-use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, TensorView};
 
 const NMSE_MAX: f64 = 1e-9;
 const MAX_REL: f64 = 2e-5;
@@ -48,14 +49,6 @@ fn round_to(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {
         WeightDtype::F16 => v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
         WeightDtype::BF16 => v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
     }
-}
-
-fn tensor(shape: &[usize], data: &[f32]) -> OwnedTensor {
-    OwnedTensor::f32("t", shape.to_vec(), data)
-}
-
-fn view(t: &OwnedTensor) -> TensorView<'_> {
-    TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
 }
 
 #[track_caller]
@@ -274,9 +267,9 @@ fn gpu_every_kernel_variant() {
         (WeightDtype::F16, GemvKernel::Cooperative, true),
         (WeightDtype::F16, GemvKernel::Thread, false),
     ];
+    let Some(has_f16) = common::gpu_has_f16() else { return };
     for (dtype, gemv, kv_f16) in variants {
-        let f16 = dtype == WeightDtype::F16 || kv_f16;
-        if f16 && common::gpu_backend(GpuOptions::default()).is_some_and(|b| !b.has_f16()) {
+        if (dtype == WeightDtype::F16 || kv_f16) && !has_f16 {
             eprintln!("SKIPPED: the adapter lacks shader-f16, needed for f16 weights and KV cache");
             continue;
         }

@@ -11,14 +11,10 @@ use batch_forge::backend::gpu::{GpuBackend, GpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
 use batch_forge::engine::sampler::{Rng, argmax};
-use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, TensorView};
+use common::{tensor, view};
 
 fn gpu() -> Option<GpuBackend> {
     common::gpu_backend(GpuOptions { weight_dtype: Some(WeightDtype::F32), ..Default::default() })
-}
-
-fn view(t: &OwnedTensor) -> TensorView<'_> {
-    TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
 }
 
 fn uniform(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
@@ -47,7 +43,7 @@ fn gelu_survives_huge_pre_activations() {
     // both the GEMV (1 row) and the tiled matmul (9 rows).
     let n = vals.len();
     let eye: Vec<f32> = (0..n * n).map(|i| if i / n == i % n { 1.0 } else { 0.0 }).collect();
-    let w = OwnedTensor::f32("eye", vec![n, n], &eye);
+    let w = tensor(&[n, n], &eye);
     let (wb, wr) = (
         b.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
         r.load_matrix(&view(&w), MatrixLayout::OutIn).unwrap(),
@@ -72,8 +68,8 @@ fn outputs_larger_than_one_binding() {
     let mut rng = Rng::new(7);
     let (t, k, n) = (700, 8, 50257);
     let x = HostMatrix { rows: t, cols: k, data: uniform(&mut rng, t * k, 1.0) };
-    let w = OwnedTensor::f32("w", vec![n, k], &uniform(&mut rng, n * k, 1.0));
-    let bias = OwnedTensor::f32("b", vec![n], &uniform(&mut rng, n, 1.0));
+    let w = tensor(&[n, k], &uniform(&mut rng, n * k, 1.0));
+    let bias = tensor(&[n], &uniform(&mut rng, n, 1.0));
     let got = b
         .read(&b.linear(
             &b.upload(&x),

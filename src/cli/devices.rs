@@ -9,7 +9,7 @@ pub fn run() -> anyhow::Result<()> {
         for (i, a) in adapters.iter().enumerate() {
             super::outln!("{}", device::describe(i, a));
         }
-        let chosen = device::choose_adapter()?.get_info();
+        let chosen = device::pick_adapter(adapters)?.get_info();
         super::outln!(
             "--backend gpu uses: {} ({:?}); set BATCH_FORGE_GPU=<index or name> to choose",
             chosen.name,

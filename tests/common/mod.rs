@@ -7,7 +7,7 @@ use batch_forge::backend::Backend;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::engine::{Engine, GenerateParams, SamplingParams};
-use batch_forge::loaders::safetensors::SafetensorsFile;
+use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, SafetensorsFile, TensorView};
 use serde_json::Value;
 
 /// The three HF fixture checkpoints (Hub layout f32, save_pretrained layout, f16).
@@ -95,4 +95,19 @@ pub fn gpu_backend(opts: batch_forge::backend::gpu::GpuOptions) -> Option<batch_
             None
         }
     }
+}
+
+/// An f32 tensor to load into a backend (parity tests).
+pub fn tensor(shape: &[usize], data: &[f32]) -> OwnedTensor {
+    OwnedTensor::f32("t", shape.to_vec(), data)
+}
+
+pub fn view(t: &OwnedTensor) -> TensorView<'_> {
+    TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
+}
+
+/// Whether the GPU tests' adapter has shader-f16 (`None`: no adapter; skipped loudly).
+#[cfg(feature = "gpu")]
+pub fn gpu_has_f16() -> Option<bool> {
+    gpu_backend(Default::default()).map(|b| b.has_f16())
 }

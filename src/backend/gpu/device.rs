@@ -53,7 +53,11 @@ pub fn describe(index: usize, a: &wgpu::Adapter) -> String {
 /// The adapter to use: `BATCH_FORGE_GPU` picks one by index or by a substring of its
 /// name; otherwise a discrete GPU over an integrated one over a software one.
 pub fn choose_adapter() -> anyhow::Result<wgpu::Adapter> {
-    let mut all = adapters();
+    pick_adapter(adapters())
+}
+
+/// [`choose_adapter`]'s rule applied to a list already enumerated.
+pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> anyhow::Result<wgpu::Adapter> {
     if all.is_empty() {
         bail!("{}", no_adapter_message());
     }

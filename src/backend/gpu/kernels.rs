@@ -179,8 +179,18 @@ impl Kernels {
         let attn = module("attention.wgsl", false)?;
         let embed = module("embed.wgsl", false)?;
         let argmax = module("argmax.wgsl", false)?;
-        let f16_kernel = |file: &str, entry: &str| -> anyhow::Result<Option<Kernel>> {
-            if f16 { Ok(Some(kernel(&module(file, true)?, entry)?)) } else { Ok(None) }
+        // f16 variants: each module compiled once, then its entry points.
+        let (mm16, embed16, attn16) = if f16 {
+            (
+                Some(module("matmul.wgsl", true)?),
+                Some(module("embed.wgsl", true)?),
+                Some(module("attention.wgsl", true)?),
+            )
+        } else {
+            (None, None, None)
+        };
+        let f16_kernel = |m: &Option<wgpu::ShaderModule>, entry: &str| -> anyhow::Result<Option<Kernel>> {
+            m.as_ref().map(|m| kernel(m, entry)).transpose()
         };
         Ok(Kernels {
             add: kernel(&elementwise, "add")?,
@@ -194,12 +204,12 @@ impl Kernels {
             attend: kernel(&attn, "attend")?,
             embed: kernel(&embed, "embed")?,
             argmax: kernel(&argmax, "argmax")?,
-            matmul_f16: f16_kernel("matmul.wgsl", "matmul")?,
-            gemv_f16: f16_kernel("matmul.wgsl", "gemv")?,
-            gemv_thread_f16: f16_kernel("matmul.wgsl", "gemv_thread")?,
-            embed_f16: f16_kernel("embed.wgsl", "embed")?,
-            kv_store_f16: f16_kernel("attention.wgsl", "kv_store")?,
-            attend_f16: f16_kernel("attention.wgsl", "attend")?,
+            matmul_f16: f16_kernel(&mm16, "matmul")?,
+            gemv_f16: f16_kernel(&mm16, "gemv")?,
+            gemv_thread_f16: f16_kernel(&mm16, "gemv_thread")?,
+            embed_f16: f16_kernel(&embed16, "embed")?,
+            kv_store_f16: f16_kernel(&attn16, "kv_store")?,
+            attend_f16: f16_kernel(&attn16, "attend")?,
         })
     }
 }

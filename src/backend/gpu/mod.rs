@@ -79,12 +79,19 @@ pub struct GpuBackend {
     errors: Arc<Mutex<Option<String>>>,
 }
 
-/// A cached bind group's identity: the kernel and its buffer bindings.
+/// Most buffer bindings any kernel has (add_layer_norm), besides its parameters.
+const MAX_BINDINGS: usize = 5;
+
+/// A cached bind group's identity: the kernel and its buffer bindings (a fixed array,
+/// so looking one up allocates nothing).
 #[derive(PartialEq, Eq, Hash)]
 struct BindKey {
     kernel: usize,
-    buffers: Vec<(u32, wgpu::Buffer, u64, Option<NonZeroU64>)>,
+    buffers: [Option<BoundBuffer>; MAX_BINDINGS],
 }
+
+/// (binding, buffer, offset, size) of one buffer binding.
+type BoundBuffer = (u32, wgpu::Buffer, u64, Option<NonZeroU64>);
 
 type BindCache = Mutex<HashMap<BindKey, wgpu::BindGroup>>;
 
@@ -142,11 +149,14 @@ impl GpuBackend {
         }));
         let limits = device.limits();
         let kernels = Kernels::compile(&device, f16)?;
-        let param_slot = u64::from(limits.min_uniform_buffer_offset_alignment).max(64);
+        // Slots are aligned for both uniform (parameters) and storage (token ids) bindings.
+        let param_slot = u64::from(limits.min_uniform_buffer_offset_alignment)
+            .max(u64::from(limits.min_storage_buffer_offset_alignment))
+            .max(64);
         let params_buf = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kernel params"),
             size: param_slot * PARAM_SLOTS as u64,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
@@ -236,52 +246,69 @@ impl GpuBackend {
         if n <= max { (n as u32, 1) } else { (max as u32, n.div_ceil(max) as u32) }
     }
 
-    /// Record one dispatch: `params` (u32 words) become binding 0, `bindings` the rest.
-    /// All dispatches of a step go into one compute pass; wgpu orders dependent ones.
-    /// Bind groups are cached by their buffers (`cache`), unless a binding is a one-off
-    /// buffer that would only fill the cache.
+    /// Record one dispatch: `params` (u32 words) become binding 0, `bindings` the rest,
+    /// and `data` (a small per-call input such as token ids) a storage binding into the
+    /// same per-submission arena, right after the parameters. All dispatches of a step go
+    /// into one compute pass; wgpu orders dependent ones. Bind groups without `data`
+    /// depend only on buffers and are cached.
     fn dispatch(
         &self,
         k: &Kernel,
         params: &[u32],
         bindings: &[(u32, wgpu::BufferBinding<'_>)],
         groups: (u32, u32),
-        cache: bool,
+        data: Option<(u32, &[u32])>,
     ) {
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
+        let data_bytes = data.map_or(0, |(_, d)| (d.len() as u64 * 4).next_multiple_of(self.param_slot));
+        let needed = self.param_slot + data_bytes;
+        if needed > self.params_buf.size() {
+            self.fail(format!("{} bytes of kernel input exceed the {} byte arena", needed, self.params_buf.size()));
+            return;
+        }
         let mut st = self.lock();
-        if st.params.len() as u64 + self.param_slot > self.params_buf.size() {
+        if st.params.len() as u64 + needed > self.params_buf.size() {
             self.submit(&mut st);
         }
         let offset = st.params.len() as u64;
         st.params.extend(params.iter().flat_map(|w| w.to_le_bytes()));
         st.params.resize((offset + self.param_slot) as usize, 0);
+        if let Some((_, d)) = data {
+            st.params.extend(d.iter().flat_map(|w| w.to_le_bytes()));
+            st.params.resize((offset + needed) as usize, 0);
+        }
         let make = || {
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            let arena = |offset, size| {
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: &self.params_buf,
-                    offset: 0,
-                    size: NonZeroU64::new(params.len() as u64 * 4),
-                }),
-            }];
+                    offset,
+                    size: NonZeroU64::new(size),
+                })
+            };
+            let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: arena(0, params.len() as u64 * 4) }];
             entries.extend(bindings.iter().map(|(i, b)| wgpu::BindGroupEntry {
                 binding: *i,
                 resource: wgpu::BindingResource::Buffer(b.clone()),
             }));
+            if let Some((binding, d)) = data {
+                entries.push(wgpu::BindGroupEntry {
+                    binding,
+                    resource: arena(offset + self.param_slot, (d.len() as u64 * 4).max(4)),
+                });
+            }
             self.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: None,
                 layout: &k.layout,
                 entries: &entries,
             })
         };
-        let bind_group = if cache {
-            let key = BindKey {
-                kernel: k.id,
-                buffers: bindings.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset, b.size)).collect(),
-            };
+        let bind_group = if data.is_none() && bindings.len() <= MAX_BINDINGS {
+            let mut key = BindKey { kernel: k.id, buffers: Default::default() };
+            for (slot, (i, b)) in key.buffers.iter_mut().zip(bindings) {
+                *slot = Some((*i, b.buffer.clone(), b.offset, b.size));
+            }
             let mut groups = self.bind_groups.lock().unwrap_or_else(|p| p.into_inner());
             if groups.len() >= BIND_CACHE_MAX {
                 groups.clear();
@@ -366,7 +393,7 @@ impl GpuBackend {
                     (4, out.binding()),
                 ];
                 let per_group = if self.gemv_thread { 64 } else { 8 };
-                self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)), true);
+                self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)), None);
             }
             return out;
         }
@@ -383,7 +410,7 @@ impl GpuBackend {
                 let params = [mb as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
                 let bindings =
                     [(1, a.clone()), (2, c.buffer.as_entire_buffer_binding()), (3, bias_b.clone()), (4, o.clone())];
-                self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32), true);
+                self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32), None);
             }
         }
         out
@@ -488,7 +515,7 @@ impl Drop for GpuKvCache {
     /// Cached bind groups would keep the cache's memory alive: forget them.
     fn drop(&mut self) {
         let mut groups = self.bind_groups.lock().unwrap_or_else(|p| p.into_inner());
-        groups.retain(|k, _| !k.buffers.iter().any(|(_, b, _, _)| self.layers.contains(b)));
+        groups.retain(|k, _| !k.buffers.iter().flatten().any(|(_, b, _, _)| self.layers.contains(b)));
     }
 }
 
@@ -503,11 +530,11 @@ impl Backend for GpuBackend {
     }
 
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<GpuMatrix> {
-        ensure!(t.shape.len() == 2, "{}: expected a matrix, got shape {:?}", t.name, t.shape);
+        let &[d0, d1] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
         let data = t.to_f32().map_err(anyhow::Error::msg)?;
         let (rows, cols) = match layout {
-            MatrixLayout::OutIn => (t.shape[0], t.shape[1]),
-            MatrixLayout::InOut => (t.shape[1], t.shape[0]),
+            MatrixLayout::OutIn => (d0, d1),
+            MatrixLayout::InOut => (d1, d0),
         };
         let data = match layout {
             MatrixLayout::OutIn => data,
@@ -522,14 +549,9 @@ impl Backend for GpuBackend {
                 tr
             }
         };
-        let dtype = match self.opts.weight_dtype {
-            Some(WeightDtype::F16) | None
-                if self.f16 && (self.opts.weight_dtype.is_some() || t.dtype == Dtype::F16) =>
-            {
-                WeightDtype::F16
-            }
-            _ => WeightDtype::F32,
-        };
+        // f16 when asked for (or stored so, by default) and the device can read it.
+        let want_f16 = self.opts.weight_dtype.map_or(t.dtype == Dtype::F16, |d| d == WeightDtype::F16);
+        let dtype = if want_f16 && self.f16 { WeightDtype::F16 } else { WeightDtype::F32 };
         let elem = dtype.size();
         let row_bytes = (cols * elem).max(1) as u64;
         ensure!(
@@ -598,17 +620,12 @@ impl Backend for GpuBackend {
         if t == 0 || c == 0 {
             return out;
         }
-        let id_bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-        let ids_buf = self.init_buffer(&id_bytes, wgpu::BufferUsages::STORAGE);
         let (_, _, kernel) = self.weight_kernels(table.dtype);
         for ch in &table.chunks {
             let params = [t as u32, c as u32, ch.row0 as u32, ch.rows as u32];
-            let bindings = [
-                (1, ch.buffer.as_entire_buffer_binding()),
-                (2, ids_buf.as_entire_buffer_binding()),
-                (3, out.binding()),
-            ];
-            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)), false);
+            let bindings = [(1, ch.buffer.as_entire_buffer_binding()), (3, out.binding())];
+            // The ids travel in the parameter arena: no buffer is created per step.
+            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)), Some((2, ids)));
         }
         out
     }
@@ -626,7 +643,7 @@ impl Backend for GpuBackend {
             (4, shift.buffer.as_entire_buffer_binding()),
             (5, out.binding()),
         ];
-        self.dispatch(&self.kernels.layer_norm, &params, &bindings, self.grid(x.rows), true);
+        self.dispatch(&self.kernels.layer_norm, &params, &bindings, self.grid(x.rows), None);
         out
     }
 
@@ -644,7 +661,7 @@ impl Backend for GpuBackend {
             (4, shift.buffer.as_entire_buffer_binding()),
             (5, out.binding()),
         ];
-        self.dispatch(&self.kernels.add_layer_norm, &params, &bindings, self.grid(x.rows), true);
+        self.dispatch(&self.kernels.add_layer_norm, &params, &bindings, self.grid(x.rows), None);
         out
     }
 
@@ -659,7 +676,7 @@ impl Backend for GpuBackend {
     fn gelu(&self, x: &mut GpuAct) {
         let n = x.rows * x.cols;
         let params = [n as u32, 0, 0, 0];
-        self.dispatch(&self.kernels.gelu, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)), true);
+        self.dispatch(&self.kernels.gelu, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)), None);
     }
 
     fn add(&self, x: &mut GpuAct, y: &GpuAct) {
@@ -674,7 +691,7 @@ impl Backend for GpuBackend {
             &params,
             &[(1, x.binding()), (2, y.binding())],
             self.grid(n.div_ceil(256)),
-            true,
+            None,
         );
     }
 
@@ -733,14 +750,14 @@ impl Backend for GpuBackend {
                 &params,
                 &[(1, qkv.binding()), (2, kv.clone())],
                 self.grid((rows * c).div_ceil(256)),
-                true,
+                None,
             );
             self.dispatch(
                 attend,
                 &params,
                 &[(1, qkv.binding()), (2, kv), (3, out.binding())],
                 (rows as u32, n_head as u32),
-                true,
+                None,
             );
         }
         out
@@ -771,76 +788,72 @@ impl Backend for GpuBackend {
 
     fn to_host(&self, x: &GpuAct, out: &mut HostMatrix) -> anyhow::Result<()> {
         out.reshape(x.rows, x.cols);
-        let bytes = self.read_bytes(&x.buf, (x.rows * x.cols * 4) as u64)?;
-        for (o, b) in out.data.iter_mut().zip(bytes.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-        Ok(())
+        self.read_back(&x.buf, x.rows * x.cols, |bytes| {
+            for (o, b) in out.data.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        })
     }
 
     fn argmax_rows(&self, x: &GpuAct, out: &mut Vec<u32>) -> anyhow::Result<bool> {
         let ids = self.take(x.rows, 1);
         if x.rows > 0 && x.cols > 0 {
             let params = [x.rows as u32, x.cols as u32, 0, 0];
-            self.dispatch(
-                &self.kernels.argmax,
-                &params,
-                &[(1, x.binding()), (2, ids.binding())],
-                (x.rows as u32, 1),
-                true,
-            );
+            let bindings = [(1, x.binding()), (2, ids.binding())];
+            self.dispatch(&self.kernels.argmax, &params, &bindings, (x.rows as u32, 1), None);
         }
-        let bytes = self.read_bytes(&ids.buf, (x.rows * 4) as u64)?;
         out.clear();
-        out.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        self.read_back(&ids.buf, x.rows, |bytes| {
+            out.extend(bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
+        })?;
         Ok(true)
     }
 }
 
 impl GpuBackend {
-    /// Copy the first `n` bytes of `buf` to the host: submit all pending work, wait.
-    fn read_bytes(&self, buf: &Pooled, n: u64) -> anyhow::Result<Vec<u8>> {
+    /// Submit all pending work, wait for it, and hand the first `words` 4-byte values of
+    /// `buf` to `use_bytes` straight from the mapped read-back buffer.
+    fn read_back(&self, buf: &Pooled, words: usize, use_bytes: impl FnOnce(&[u8])) -> anyhow::Result<()> {
+        let n = words as u64 * 4;
         let mut st = self.lock();
-        if n > 0 {
-            let size = n.next_multiple_of(4);
-            if st.staging.as_ref().is_none_or(|s| s.size() < size) {
+        let staging = if n > 0 {
+            if st.staging.as_ref().is_none_or(|s| s.size() < n) {
                 st.staging = Some(self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("read-back"),
-                    size: size.next_power_of_two(),
+                    size: n.next_power_of_two(),
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 }));
             }
             let staging = st.staging.clone().expect("just made");
-            st.encoder(&self.device).copy_buffer_to_buffer(buf.buffer(), 0, &staging, 0, size);
-        }
+            st.encoder(&self.device).copy_buffer_to_buffer(buf.buffer(), 0, &staging, 0, n);
+            Some(staging)
+        } else {
+            None
+        };
         self.submit(&mut st);
-        let staging = st.staging.clone();
         drop(st);
-        if n == 0 {
+        let Some(staging) = staging else {
             self.device.poll(wgpu::PollType::wait_indefinitely()).context("waiting for the GPU")?;
-            self.check()?;
-            return Ok(Vec::new());
-        }
-        let staging = staging.expect("made above");
-        let slice = staging.slice(..n.next_multiple_of(4));
+            return self.check();
+        };
+        let slice = staging.slice(..n);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
         let polled = self.device.poll(wgpu::PollType::wait_indefinitely());
-        let mapped = rx.recv();
         // Unmap whatever happens, so the next read-back can submit.
-        let bytes = match mapped {
+        let mapped = match rx.recv() {
             Ok(Ok(())) => {
-                let bytes = slice.get_mapped_range().map(|m| m[..n as usize].to_vec());
+                let read = slice.get_mapped_range().map(|m| use_bytes(&m));
                 staging.unmap();
-                Some(bytes)
+                Some(read)
             }
             _ => None,
         };
         polled.context("waiting for the GPU")?;
         self.check()?;
-        bytes.context("mapping the read-back buffer failed")?.context("reading the mapped buffer")
+        mapped.context("mapping the read-back buffer failed")?.context("reading the mapped buffer")
     }
 }
