@@ -3,7 +3,8 @@
 
 use std::hint::black_box;
 
-use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, WeightDtype, matmul};
+use batch_forge::backend::WeightDtype;
+use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, matmul};
 use batch_forge::backend::cpu::simd::{self, Isa};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 

@@ -4,10 +4,13 @@
 //! - [`tokenizer`]: byte-level BPE (GPT-2), streaming decode.
 //! - [`loaders`]: safetensors, config.json, model folders, the HF Hub cache.
 //! - [`model`]: GPT-2's forward pass, written once over the backend interface.
-//! - [`backend`]: the backend interface and the reference CPU backend.
-//! - [`engine`]: KV caches, prefill/decode loop, sampling.
+//! - [`backend`]: the backend interface and its implementations: the reference
+//!   (plain Rust), the fast CPU backend (SIMD, threads) and the GPU backend (WGSL).
+//! - [`engine`]: KV caches, prefill/decode loop, sampling, lockstep comparison.
+//! - [`compare`]: NaN-propagating error measures shared by the tests and the engine.
 
 pub mod backend;
+pub mod compare;
 pub mod engine;
 pub mod loaders;
 pub mod model;

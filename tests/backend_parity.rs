@@ -19,11 +19,13 @@
 
 mod common;
 
-use common::{tensor, view};
+use common::{avx2_or_skip, round_to, tensor, view};
 
-use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa, WeightDtype};
+use batch_forge::backend::WeightDtype;
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use batch_forge::compare::error_stats;
 use batch_forge::engine::sampler::Rng;
 
 const NMSE_MAX: f64 = 1e-9;
@@ -42,31 +44,57 @@ fn host(rows: usize, cols: usize, data: Vec<f32>) -> HostMatrix {
     HostMatrix { rows, cols, data }
 }
 
-/// Round through a 16-bit type, as the backend under test stores it.
-fn round_to(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {
-    match dtype {
-        WeightDtype::F32 => v.to_vec(),
-        WeightDtype::F16 => v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
-        WeightDtype::BF16 => v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+/// NMSE and max relative error of `got` against `want`, or why they fail the bounds.
+/// NaN anywhere fails (the measures propagate it); so does a shape mismatch.
+fn measure(got: &HostMatrix, want: &HostMatrix) -> Result<(f64, f64), String> {
+    if (got.rows, got.cols) != (want.rows, want.cols) {
+        return Err(format!("shape {}x{} vs {}x{}", got.rows, got.cols, want.rows, want.cols));
+    }
+    let e = error_stats(&got.data, &want.data);
+    if e.within(NMSE_MAX, MAX_REL) {
+        Ok((e.nmse, e.max_rel))
+    } else {
+        Err(format!("NMSE {:e}, max rel err {:e}", e.nmse, e.max_rel))
     }
 }
 
 #[track_caller]
 fn compare(what: &str, got: &HostMatrix, want: &HostMatrix) -> (f64, f64) {
-    assert_eq!((got.rows, got.cols), (want.rows, want.cols), "{what}: shape");
-    let (mut num, mut den, mut max_err, mut max_ref) = (0f64, 0f64, 0f64, 0f64);
-    for (&g, &w) in got.data.iter().zip(&want.data) {
-        assert!(g.is_finite() == w.is_finite(), "{what}: non-finite value {g} vs {w}");
-        let d = (g - w) as f64;
-        num += d * d;
-        den += (w as f64) * (w as f64);
-        max_err = max_err.max(d.abs());
-        max_ref = max_ref.max((w as f64).abs());
+    measure(got, want).unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// The harness itself must reject what a broken kernel produces: one wrong element of
+/// 50257, a transposed tile, a single NaN, an all-NaN output, a wrong shape.
+#[test]
+fn the_harness_rejects_broken_outputs() {
+    let mut rng = Rng::new(1);
+    let want = host(1, 50257, normal(&mut rng, 50257, 1.0));
+    assert_eq!(measure(&want, &want), Ok((0.0, 0.0)));
+    let mut one_wrong = want.clone();
+    one_wrong.data[31337] += 1.0;
+    assert!(measure(&one_wrong, &want).is_err(), "one wrong element");
+    let tile = host(16, 16, normal(&mut rng, 256, 1.0));
+    let mut transposed = tile.clone();
+    for i in 0..16 {
+        for j in 0..16 {
+            transposed.data[i * 16 + j] = tile.data[j * 16 + i];
+        }
     }
-    let nmse = if den > 0.0 { num / den } else { num };
-    let rel = max_err / max_ref.max(f64::MIN_POSITIVE);
-    assert!(nmse <= NMSE_MAX && rel <= MAX_REL, "{what}: NMSE {nmse:e}, max rel err {rel:e}");
-    (nmse, rel)
+    assert!(measure(&transposed, &tile).is_err(), "transposed tile");
+    let mut one_nan = want.clone();
+    one_nan.data[7] = f32::NAN;
+    assert!(measure(&one_nan, &want).is_err(), "one NaN");
+    let all_nan = host(1, 50257, vec![f32::NAN; 50257]);
+    assert!(measure(&all_nan, &want).is_err(), "all NaN");
+    assert!(measure(&want, &all_nan).is_err(), "NaN reference");
+    let mut inf = want.clone();
+    inf.data[0] = f32::INFINITY;
+    assert!(measure(&inf, &want).is_err(), "an infinity");
+    assert!(measure(&host(2, 3, vec![0.0; 6]), &host(3, 2, vec![0.0; 6])).is_err(), "shape");
+    // Just inside the bounds passes: f32 rounding noise.
+    let mut noise = want.clone();
+    noise.data.iter_mut().for_each(|v| *v *= 1.0 + 1e-7);
+    assert!(measure(&noise, &want).is_ok());
 }
 
 /// Worst (NMSE, max relative error) per op.
@@ -194,8 +222,9 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
             }
             for layer in 0..2 {
                 let scale_attn = 1.0 / (hd as f32).sqrt();
-                let got = b.attention(&b.upload(&qkv), seqs, &mut [&mut kb1, &mut kb2], layer, n_head, scale_attn);
-                let want = r.attention(&want_in, seqs, &mut [&mut kr1, &mut kr2], layer, n_head, scale_attn);
+                let got =
+                    b.attention(&b.upload(&qkv), seqs, &mut [&mut kb1, &mut kb2], layer, n_head, scale_attn).unwrap();
+                let want = r.attention(&want_in, seqs, &mut [&mut kr1, &mut kr2], layer, n_head, scale_attn).unwrap();
                 note("attention", compare(&format!("attention heads {n_head}x{hd} T={t}"), &read(&got), &want));
             }
         }
@@ -223,33 +252,26 @@ fn reference_agrees_with_itself() {
 
 #[test]
 fn cpu_simd_f32() {
-    if Isa::detect() == Isa::Portable {
-        eprintln!("SKIPPED: this CPU has no AVX2/FMA/F16C; the portable tests still run");
-        return;
-    }
-    run(opts(Isa::Avx2, WeightDtype::F32, false));
+    let Some(isa) = avx2_or_skip() else { return };
+    run(opts(isa, WeightDtype::F32, false));
 }
 
 #[test]
 fn cpu_simd_f16_weights_and_f16_kv() {
-    if Isa::detect() == Isa::Portable {
-        return;
-    }
-    run(opts(Isa::Avx2, WeightDtype::F16, true));
+    let Some(isa) = avx2_or_skip() else { return };
+    run(opts(isa, WeightDtype::F16, true));
 }
 
 #[test]
 fn cpu_simd_bf16_weights() {
-    if Isa::detect() == Isa::Portable {
-        return;
-    }
-    run(opts(Isa::Avx2, WeightDtype::BF16, false));
+    let Some(isa) = avx2_or_skip() else { return };
+    run(opts(isa, WeightDtype::BF16, false));
 }
 
 #[test]
 fn cpu_portable_f32_and_f16() {
-    run(opts(Isa::Portable, WeightDtype::F32, false));
-    run(opts(Isa::Portable, WeightDtype::F16, true));
+    run(opts(Isa::PORTABLE, WeightDtype::F32, false));
+    run(opts(Isa::PORTABLE, WeightDtype::F16, true));
 }
 
 /// The GPU backend through the same suite with the same bounds: its kernels accumulate
@@ -267,13 +289,15 @@ fn gpu_every_kernel_variant() {
         (WeightDtype::F16, GemvKernel::Cooperative, true),
         (WeightDtype::F16, GemvKernel::Thread, false),
     ];
-    let Some(has_f16) = common::gpu_has_f16() else { return };
+    let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
+    let has_f16 = common::gpu_f16_or_skip(&probe, "f16 weights and KV cache in the parity suite");
+    drop(probe);
     for (dtype, gemv, kv_f16) in variants {
         if (dtype == WeightDtype::F16 || kv_f16) && !has_f16 {
-            eprintln!("SKIPPED: the adapter lacks shader-f16, needed for f16 weights and KV cache");
             continue;
         }
-        let Some(b) = common::gpu_backend(GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16 }) else { return };
+        let o = GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16, ..Default::default() };
+        let Some(b) = common::gpu_backend(o) else { return };
         let worst = parity_suite(&b, dtype, kv_f16);
         eprintln!("gpu {dtype:?} weights, {gemv:?} gemv, kv_f16={kv_f16}: worst (NMSE, max rel) per op {worst:?}");
     }

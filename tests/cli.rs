@@ -316,13 +316,71 @@ fn devices_lists_the_adapter() {
     assert!(out.contains("[0] ") && out.contains("max storage binding") && out.contains("--backend gpu uses"), "{out}");
 }
 
-#[cfg(feature = "gpu")]
+/// Flags are checked before any device or file is touched: on a machine with no Vulkan
+/// driver (hidden here) and with a model path that does not exist, the flag error is
+/// what the user sees. (It used to be "no GPU adapter found".)
 #[test]
-fn gpu_flags_that_do_not_apply_are_refused() {
+fn flag_errors_come_before_devices_and_files() {
     let model = fixture("tiny-gpt2");
     let m = model.to_str().unwrap();
-    let o = forge(&["generate", "-m", m, "hi", "--backend", "gpu", "--dtype", "bf16"]);
-    assert_clean_error(&o, "bf16 is cpu-only");
-    let o = forge(&["bench", "-m", m, "--backend", "both"]);
-    assert_clean_error(&o, "for `forge generate` only");
+    let no_driver = [("VK_ICD_FILENAMES", "/nonexistent/icd.json"), ("VK_DRIVER_FILES", "/nonexistent/icd.json")];
+    for model in [m, "/no/such/model/folder"] {
+        for (args, want) in [
+            (vec!["generate", "-m", model, "hi", "--backend", "gpu", "--dtype", "bf16"], "bf16 is cpu-only"),
+            (vec!["generate", "-m", model, "hi", "--backend", "both", "--dtype", "bf16"], "bf16 is cpu-only"),
+            (vec!["bench", "-m", model, "--backend", "both"], "for `forge generate` only"),
+            (vec!["bench", "-m", model, "--backend", "gpu", "--dtype", "bf16"], "bf16 is cpu-only"),
+            (vec!["bench", "-m", model, "-t", "0"], "at least 1"),
+            (vec!["generate", "-m", model, "hi", "--backend", "reference", "--dtype", "f16"], "reference backend"),
+            (vec!["generate", "-m", model, "hi", "--backend", "gpu", "--top-p", "1.5"], "top-p"),
+            (vec!["generate", "-m", model, "hi", "--backend", "gpu", "--temperature", "-1"], "temperature"),
+        ] {
+            assert_clean_error(&forge_env(&args, &no_driver), want);
+        }
+    }
+}
+
+/// A checkpoint whose weights are NaN must not "generate" a token: the run fails with an
+/// error naming the step, on every backend, greedy (device argmax on the gpu) or sampled.
+#[test]
+fn non_finite_logits_are_an_error_naming_the_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("nan");
+    copy_dir(&fixture("tiny-gpt2"), &dir);
+    poison_position_embedding(&dir, 5);
+    let d = dir.to_str().unwrap();
+    let mut backends = vec!["cpu", "reference"];
+    if have_gpu() {
+        backends.push("gpu");
+    }
+    // "Hello world" is 2 tokens: positions 0-1 in the prompt pass, position 5 at step 4.
+    for backend in backends {
+        for mode in ["--greedy", "--temperature=0.8"] {
+            let args = [
+                "generate",
+                "-m",
+                d,
+                "Hello world",
+                "-n",
+                "10",
+                mode,
+                "--seed",
+                "1",
+                "--ignore-eos",
+                "--backend",
+                backend,
+            ];
+            let o = forge(&args);
+            assert!(!o.status.success(), "{backend} {mode} should fail");
+            let err = stderr(&o);
+            assert!(!err.contains("panicked"), "{err}");
+            let last = err.lines().last().unwrap_or_default();
+            assert!(
+                last.starts_with("error: ")
+                    && last.contains("non-finite logits")
+                    && last.contains("step 4 (position 5)"),
+                "{backend} {mode}: {err}"
+            );
+        }
+    }
 }

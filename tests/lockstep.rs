@@ -5,7 +5,8 @@
 
 mod common;
 
-use batch_forge::backend::cpu::{CpuOptions, WeightDtype};
+use batch_forge::backend::WeightDtype;
+use batch_forge::backend::cpu::CpuOptions;
 use batch_forge::engine::lockstep::lockstep;
 use batch_forge::engine::{GenerateParams, SamplingParams};
 use common::*;
@@ -54,4 +55,21 @@ fn bf16_weights_diverge_where_their_greedy_ids_leave_hfs() {
     }
     // bf16 matched HF on 6 of 8 prompts when measured: at least one divergence to check.
     assert!(diverged >= 1, "no prompt diverged; this test would not test anything");
+}
+
+/// NaN logits on either side end the run with an error naming the backend and the step,
+/// instead of a NaN "difference" that compares as small.
+#[test]
+fn non_finite_logits_end_a_lockstep_run() {
+    let (_tmp, dir) = fixture_copy("tiny-gpt2");
+    poison_position_embedding(&dir, 3);
+    let good = engine("tiny-gpt2");
+    let bad = batch_forge::engine::Engine::load_dir(
+        batch_forge::backend::cpu::CpuBackend::new(CpuOptions::default()).unwrap(),
+        &dir,
+    )
+    .unwrap();
+    let params = GenerateParams { ignore_eos: true, ..params() };
+    let err = lockstep(&good, &bad, &[15496, 995], &params, |_| Ok(())).err().unwrap().to_string();
+    assert!(err.starts_with("cpu: ") && err.contains("non-finite") && err.contains("step 2 (position 3)"), "{err}");
 }

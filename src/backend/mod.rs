@@ -1,5 +1,6 @@
-//! The backend interface: the handful of operations GPT-2 needs, implemented once per
-//! device (CPU reference today; fast CPU and GPU backends implement the same trait).
+//! The backend interface: the handful of operations the models need, implemented once
+//! per device: [`reference`] (plain Rust, the ground truth), [`cpu`] (SIMD, threads) and
+//! `gpu` (WGSL through wgpu).
 //!
 //! Models are written once over [`Backend`]. A backend owns the form its weights take
 //! ([`Backend::Matrix`]: f32 here, f16/quantized/GPU-resident elsewhere), its
@@ -14,7 +15,82 @@ pub mod reference;
 
 use std::ops::Range;
 
+use anyhow::ensure;
+
 use crate::loaders::safetensors::TensorView;
+
+/// How the fast backends store weights in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl WeightDtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::F16 => "f16",
+            WeightDtype::BF16 => "bf16",
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::F16 | WeightDtype::BF16 => 2,
+        }
+    }
+}
+
+/// What every backend's KV cache knows about itself, so that a batch is checked against
+/// it before any kernel runs.
+pub trait KvCache: Send {
+    /// Layers it holds keys and values for.
+    fn n_layer(&self) -> usize;
+    /// Positions it has room for.
+    fn capacity(&self) -> usize;
+    /// Values per position and layer, for keys and for values each (the model width).
+    fn width(&self) -> usize;
+}
+
+/// The checks every backend's [`Backend::attention`] makes before touching a cache, so
+/// misuse is an error, the same one on every backend, and never an out-of-bounds write.
+pub fn check_attention<K: KvCache>(
+    qkv_rows: usize,
+    qkv_cols: usize,
+    seqs: &[SeqSlice],
+    caches: &[&mut K],
+    layer: usize,
+    n_head: usize,
+) -> anyhow::Result<()> {
+    ensure!(seqs.len() == caches.len(), "attention: {} sequences but {} KV caches", seqs.len(), caches.len());
+    ensure!(qkv_cols.is_multiple_of(3), "attention: qkv width {qkv_cols} is not 3 × the model width");
+    let c = qkv_cols / 3;
+    ensure!(n_head > 0 && c.is_multiple_of(n_head), "attention: width {c} does not split into {n_head} heads");
+    let mut covered = 0;
+    for (s, cache) in seqs.iter().zip(caches) {
+        ensure!(
+            s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= qkv_rows,
+            "attention: sequence rows {:?} do not continue the batch's rows in order (next row {covered} of {qkv_rows})",
+            s.rows
+        );
+        covered = s.rows.end;
+        ensure!(cache.width() == c, "attention: KV cache width {} but the model width is {c}", cache.width());
+        ensure!(layer < cache.n_layer(), "attention: layer {layer} but the KV cache has {} layers", cache.n_layer());
+        let end = s.start_pos.checked_add(s.rows.len());
+        ensure!(
+            end.is_some_and(|e| e <= cache.capacity()),
+            "attention: positions {}..{} do not fit the KV cache of {} positions",
+            s.start_pos,
+            end.map_or("overflow".to_owned(), |e| e.to_string()),
+            cache.capacity()
+        );
+    }
+    ensure!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");
+    Ok(())
+}
 
 /// How a weight matrix is stored in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +134,9 @@ impl HostMatrix {
     }
 }
 
+/// What [`Backend::argmax_rows`] gives for a row with a non-finite value.
+pub const NON_FINITE_ROW: u32 = u32::MAX;
+
 pub trait Backend: Sync {
     /// A weight matrix in the backend's own form.
     type Matrix: Send + Sync;
@@ -66,7 +145,7 @@ pub trait Backend: Sync {
     /// Activations: a (rows, cols) matrix on the device.
     type Act;
     /// One sequence's keys and values for every layer.
-    type KvCache: Send;
+    type KvCache: KvCache;
 
     /// Short name shown to users ("reference", "cpu", "gpu").
     fn name(&self) -> String;
@@ -92,7 +171,8 @@ pub trait Backend: Sync {
     /// Causal multi-head attention. `qkv` is (T, 3C) with q | k | v; each sequence's k and
     /// v rows are first written into its cache at their positions, then every row attends
     /// over positions `0..=pos` of its own sequence. `caches[i]` belongs to `seqs[i]`.
-    /// Returns (T, C).
+    /// Returns (T, C). Arguments that do not fit the caches are an error
+    /// ([`check_attention`]), never a panic.
     fn attention(
         &self,
         qkv: &Self::Act,
@@ -101,7 +181,7 @@ pub trait Backend: Sync {
         layer: usize,
         n_head: usize,
         scale: f32,
-    ) -> Self::Act;
+    ) -> anyhow::Result<Self::Act>;
     /// The given rows of `x`, in order.
     fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
     /// Copy to host memory, reusing `out`'s allocation.
@@ -114,8 +194,9 @@ pub trait Backend: Sync {
     }
 
     /// Greedy sampling on the device: the index of the largest value of each row (the
-    /// lowest on ties) into `out`, so only ids cross to the host. Returns `Ok(false)`
-    /// when the backend has no such kernel; the caller then reads the logits instead.
+    /// lowest on ties) into `out`, so only ids cross to the host; [`NON_FINITE_ROW`]
+    /// for a row holding a NaN or an infinity. Returns `Ok(false)` when the backend has
+    /// no such kernel; the caller then reads the logits instead.
     fn argmax_rows(&self, _x: &Self::Act, _out: &mut Vec<u32>) -> anyhow::Result<bool> {
         Ok(false)
     }

@@ -8,7 +8,7 @@
 use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, check_attention};
 use crate::loaders::safetensors::TensorView;
 
 /// Output columns per parallel task in `linear`.
@@ -30,6 +30,18 @@ pub struct RefKvCache {
     width: usize,
     /// Per layer: (keys, values), each `[capacity, width]`.
     layers: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+impl KvCache for RefKvCache {
+    fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn width(&self) -> usize {
+        self.width
+    }
 }
 
 fn f32_data(t: &TensorView) -> anyhow::Result<Vec<f32>> {
@@ -165,15 +177,13 @@ impl Backend for ReferenceBackend {
         layer: usize,
         n_head: usize,
         scale: f32,
-    ) -> HostMatrix {
+    ) -> anyhow::Result<HostMatrix> {
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
         let c = qkv.cols / 3;
         let hd = c / n_head;
-        assert_eq!(seqs.len(), caches.len(), "one cache per sequence");
         // 1. Append each sequence's new keys and values to its cache.
         let mut row_info = vec![(0usize, 0usize); qkv.rows]; // (sequence, position) per row
         for (s, (seq, cache)) in seqs.iter().zip(caches.iter_mut()).enumerate() {
-            assert_eq!(cache.width, c, "cache width");
-            assert!(seq.start_pos + seq.rows.len() <= cache.capacity, "KV cache overflow (checked by the model)");
             let (k_cache, v_cache) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
                 let pos = seq.start_pos + i;
@@ -204,7 +214,7 @@ impl Backend for ReferenceBackend {
                 }
             }
         });
-        out
+        Ok(out)
     }
 
     fn select_rows(&self, x: &HostMatrix, rows: &[usize]) -> HostMatrix {

@@ -49,6 +49,8 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
+    anyhow::ensure!(!args.threads.contains(&0), "-t: thread counts must be at least 1");
+    args.backend.validate("bench")?;
     if args.memory {
         return bench_memory(&args);
     }
@@ -106,14 +108,14 @@ fn bench_on<B: Backend>(
 ) -> anyhow::Result<()> {
     let params_m = config.n_params() as f64 / 1e6;
     let model = Gpt2::load(&backend, config, store)?;
-    let n_ctx = model.config.n_positions;
+    let n_ctx = model.config().n_positions;
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
     let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
     super::outln!("| model | size | params | backend | dtype | threads | test | t/s |");
     super::outln!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
     let mut rng = Rng::new(1);
-    let vocab = model.config.vocab_size as u64;
+    let vocab = model.config().vocab_size as u64;
     for &t in &threads {
         anyhow::ensure!(t > 0, "-t must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;

@@ -69,6 +69,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         seed,
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
+    args.backend.validate("generate")?;
     if args.backend.backend == BackendChoice::Both {
         #[cfg(feature = "gpu")]
         return super::in_pool(args.threads, || lockstep(&args, sampling));
@@ -92,9 +93,9 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
     let device = gpu_backend.description();
     let gpu = Engine::load_dir(gpu_backend, &dir)?;
-    let tok = cpu.tokenizer()?;
+    let tok = &cpu.tokenizer;
     let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
-    let prompt_ids = if prompt.is_empty() { vec![cpu.model.config.bos_token_id] } else { tok.encode(prompt) };
+    let prompt_ids = if prompt.is_empty() { vec![cpu.model.config().bos_token_id] } else { tok.encode(prompt) };
     let params = GenerateParams { max_new_tokens: args.max_new_tokens, sampling, ignore_eos: args.ignore_eos };
     super::outln!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
     super::outln!("| step | tokens in | max abs logit diff | cpu argmax | gpu argmax | next token |");
@@ -115,7 +116,10 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
             s.max_abs_diff
         );
     }
-    let worst = steps.iter().map(|s| s.max_abs_diff).fold(0f32, f32::max);
+    let worst = steps
+        .iter()
+        .map(|s| s.max_abs_diff)
+        .fold(0f32, |w, d| if d.is_nan() || w.is_nan() { f32::NAN } else { w.max(d) });
     super::outln!("cpu and gpu agree on every argmax; max abs logit diff over all steps {worst:.3e}");
     Ok(())
 }
@@ -125,10 +129,10 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
     let dir = super::model_dir(&args.model, true)?;
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
-    let tok = engine.tokenizer()?;
+    let tok = &engine.tokenizer;
     let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
-    let prompt_ids = if prompt.is_empty() { vec![engine.model.config.bos_token_id] } else { tok.encode(prompt) };
-    let eos = engine.model.config.eos_token_id;
+    let prompt_ids = if prompt.is_empty() { vec![engine.model.config().bos_token_id] } else { tok.encode(prompt) };
+    let eos = engine.model.config().eos_token_id;
 
     let params =
         GenerateParams { max_new_tokens: args.max_new_tokens, sampling: sampling.clone(), ignore_eos: args.ignore_eos };
@@ -182,7 +186,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
     if result.stop == StopReason::ContextFull {
         eprintln!(
             "[stopped after {n_new} tokens: the model's context of {} tokens is full]",
-            engine.model.config.n_positions
+            engine.model.config().n_positions
         );
     }
     if args.show_ids {

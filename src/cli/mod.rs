@@ -10,7 +10,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use batch_forge::backend::cpu::{CpuOptions, WeightDtype};
+use batch_forge::backend::WeightDtype;
+use batch_forge::backend::cpu::CpuOptions;
 use batch_forge::loaders::{self, hub::HubClient};
 
 #[derive(Parser)]
@@ -72,6 +73,27 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
+    /// Every check of these flags that needs no device and no file, so a bad flag is
+    /// reported first, on any machine (with or without a GPU driver).
+    pub fn validate(&self, command: &str) -> anyhow::Result<()> {
+        self.cpu_options()?;
+        match self.backend {
+            BackendChoice::Both if command != "generate" => {
+                anyhow::bail!("--backend both runs cpu and gpu in lockstep and is for `forge generate` only")
+            }
+            BackendChoice::Gpu | BackendChoice::Both => {
+                anyhow::ensure!(
+                    self.dtype != DtypeChoice::Bf16,
+                    "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
+                );
+                #[cfg(not(feature = "gpu"))]
+                return Err(no_gpu_build());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     pub fn cpu_options(&self) -> anyhow::Result<CpuOptions> {
         let weight_dtype = match self.dtype {
             DtypeChoice::Auto => None,

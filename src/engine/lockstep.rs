@@ -3,11 +3,12 @@
 //! engine `a` samples. The first step whose argmaxes differ ends the run.
 //! (`forge generate --backend both` runs cpu against gpu with it.)
 
-use anyhow::ensure;
+use anyhow::{bail, ensure};
 
 use super::sampler::argmax;
-use super::{Engine, GenerateParams, Sampler};
+use super::{Engine, GenerateParams, Sampler, non_finite_message};
 use crate::backend::{Backend, HostMatrix, SeqSlice};
+use crate::compare::max_abs_diff;
 use crate::model::{Batch, LogitRows};
 
 /// One step of a lockstep run.
@@ -19,7 +20,7 @@ pub struct LockstepStep {
     pub tokens_in: usize,
     /// Position of the last token fed (the one whose logits are compared).
     pub position: usize,
-    /// max |logit_a − logit_b| over the vocabulary.
+    /// max |logit_a − logit_b| over the vocabulary (NaN if either has a NaN).
     pub max_abs_diff: f32,
     pub argmax_a: u32,
     pub argmax_b: u32,
@@ -43,8 +44,8 @@ pub fn lockstep<A: Backend, B: Backend>(
     params: &GenerateParams,
     mut on_step: impl FnMut(&LockstepStep) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<LockstepStep>> {
-    ensure!(a.model.config == b.model.config, "the two engines must load the same model");
-    let n_ctx = a.model.config.n_positions;
+    ensure!(a.model.config() == b.model.config(), "the two engines must load the same model");
+    let n_ctx = a.model.config().n_positions;
     ensure!(!prompt_ids.is_empty(), "the prompt is empty");
     ensure!(prompt_ids.len() <= n_ctx, "the prompt is {} tokens but the context is {n_ctx}", prompt_ids.len());
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
@@ -62,18 +63,24 @@ pub fn lockstep<A: Backend, B: Backend>(
         a.backend.to_host(&out_a, &mut logits_a)?;
         let out_b = b.model.forward(&b.backend, &batch, &mut [&mut cache_b], LogitRows::LastOfEachSeq)?;
         b.backend.to_host(&out_b, &mut logits_b)?;
-        let max_abs_diff = logits_a.data.iter().zip(&logits_b.data).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let position = pos + tokens.len() - 1;
+        for (name, logits) in [(a.backend.name(), &logits_a), (b.backend.name(), &logits_b)] {
+            if let Some(i) = logits.data.iter().position(|v| !v.is_finite()) {
+                bail!("{name}: {}", non_finite_message(step, position, Some((i, logits.data[i]))));
+            }
+        }
+        let max_abs_diff = max_abs_diff(&logits_a.data, &logits_b.data);
         let s = LockstepStep {
             step,
             tokens_in: tokens.len(),
-            position: pos + tokens.len() - 1,
+            position,
             max_abs_diff,
             argmax_a: argmax(logits_a.row(0)),
             argmax_b: argmax(logits_b.row(0)),
             next: sampler.sample(logits_a.row(0)),
         };
         on_step(&s)?;
-        let (stop, next) = (!s.agrees() || (s.next == a.model.config.eos_token_id && !params.ignore_eos), s.next);
+        let (stop, next) = (!s.agrees() || (s.next == a.model.config().eos_token_id && !params.ignore_eos), s.next);
         steps.push(s);
         if stop {
             break;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-use crate::backend::{Backend, HostMatrix, SeqSlice};
+use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
 use crate::loaders::{Gpt2Config, WeightStore};
 use crate::model::{Batch, Gpt2, LogitRows};
 use crate::tokenizer::Tokenizer;
@@ -18,7 +18,7 @@ pub use sampler::{Sampler, SamplingParams};
 pub struct Engine<B: Backend> {
     pub backend: B,
     pub model: Gpt2<B>,
-    pub tokenizer: Option<Tokenizer>,
+    pub tokenizer: Tokenizer,
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +65,19 @@ pub struct Generation {
     pub timings: Timings,
 }
 
+/// The error for logits that are NaN or infinite: the weights or the arithmetic are
+/// broken, and no token chosen from them would mean anything.
+pub fn non_finite_message(step: usize, position: usize, first: Option<(usize, f32)>) -> String {
+    let what = match first {
+        Some((id, v)) => format!(" (token id {id}: {v})"),
+        None => String::new(),
+    };
+    format!(
+        "the model produced non-finite logits{what} at generation step {step} (position {position}); \
+         the weights or the computation are broken (try --backend reference to compare)"
+    )
+}
+
 impl<B: Backend> Engine<B> {
     /// Load a model folder: config.json, model.safetensors (or shards), tokenizer files.
     pub fn load_dir(backend: B, dir: &Path) -> anyhow::Result<Self> {
@@ -76,16 +89,12 @@ impl<B: Backend> Engine<B> {
             Gpt2::load(&backend, config, &store).with_context(|| format!("loading weights from {}", dir.display()))?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         ensure!(
-            tokenizer.vocab_size() <= model.config.vocab_size,
+            tokenizer.vocab_size() <= model.config().vocab_size,
             "tokenizer has {} ids but the model only {}",
             tokenizer.vocab_size(),
-            model.config.vocab_size
+            model.config().vocab_size
         );
-        Ok(Engine { backend, model, tokenizer: Some(tokenizer) })
-    }
-
-    pub fn tokenizer(&self) -> anyhow::Result<&Tokenizer> {
-        self.tokenizer.as_ref().context("this model has no tokenizer")
+        Ok(Engine { backend, model, tokenizer })
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
@@ -108,7 +117,7 @@ impl<B: Backend> Engine<B> {
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
-        let n_ctx = self.model.config.n_positions;
+        let n_ctx = self.model.config().n_positions;
         ensure!(!prompt_ids.is_empty(), "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
         if prompt_ids.len() > n_ctx {
             bail!("the prompt is {} tokens but the model's context is {n_ctx}; shorten the prompt", prompt_ids.len());
@@ -125,7 +134,7 @@ impl<B: Backend> Engine<B> {
         if budget == 0 {
             return Ok(generation);
         }
-        let eos = self.model.config.eos_token_id;
+        let eos = self.model.config().eos_token_id;
         let mut cache = self.model.new_cache(&self.backend, prompt_ids.len() + budget - 1)?;
         let start = Instant::now();
         let mut step_tokens = prompt_ids.to_vec();
@@ -136,12 +145,20 @@ impl<B: Backend> Engine<B> {
             let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
             let batch = Batch { tokens: &step_tokens, seqs: &seqs };
             let out = self.model.forward(&self.backend, &batch, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
+            let step = generation.generated_ids.len();
             // Greedy on a device backend: pick the token there and read back only its id.
             let next = if params.sampling.is_greedy() && self.backend.argmax_rows(&out, &mut device_ids)? {
+                if device_ids[0] == NON_FINITE_ROW {
+                    bail!("{}", non_finite_message(step, pos + step_tokens.len() - 1, None));
+                }
                 device_ids[0]
             } else {
                 self.backend.to_host(&out, &mut logits)?;
-                sampler.sample(logits.row(0))
+                let row = logits.row(0);
+                if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+                    bail!("{}", non_finite_message(step, pos + step_tokens.len() - 1, Some((i, row[i]))));
+                }
+                sampler.sample(row)
             };
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();

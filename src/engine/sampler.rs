@@ -82,14 +82,19 @@ impl Sampler {
         Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new(), probs: Vec::new() })
     }
 
+    /// The next token: an index into `logits`, never a NaN entry unless all are NaN.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.is_greedy() || p.top_k == 1 {
             return argmax(logits);
         }
+        // Candidates ordered by raw logit: dividing by a positive temperature keeps the
+        // order, so the division waits until the logits are differences from the max,
+        // in f64 ((v − max) / t cannot overflow f64 for any f32 v and t > 0; dividing
+        // first overflows f32 as t → 0 and turns the top logits into inf − inf = NaN).
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v / p.temperature, i as u32)));
+        c.extend(logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v, i as u32)));
         let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, desc);
@@ -97,11 +102,15 @@ impl Sampler {
         }
         c.sort_unstable_by(desc);
         let Some(&(max, first)) = c.first() else {
-            return 0;
+            return 0; // every logit is NaN
         };
+        if max.is_infinite() {
+            return first; // +inf outweighs everything (or all are -inf: the first is as good)
+        }
+        let t = f64::from(p.temperature);
         let probs = &mut self.probs;
         probs.clear();
-        probs.extend(c.iter().map(|&(v, _)| ((v - max) as f64).exp()));
+        probs.extend(c.iter().map(|&(v, _)| ((f64::from(v) - f64::from(max)) / t).exp()));
         let total: f64 = probs.iter().sum();
         // Nucleus: the shortest prefix whose mass reaches top_p.
         let mut keep = probs.len();
@@ -109,7 +118,7 @@ impl Sampler {
             let mut cum = 0.0;
             for (i, pr) in probs.iter().enumerate() {
                 cum += pr / total;
-                if cum >= p.top_p as f64 {
+                if cum >= f64::from(p.top_p) {
                     keep = i + 1;
                     break;
                 }
@@ -123,7 +132,7 @@ impl Sampler {
             }
             u -= pr;
         }
-        if keep > 0 { c[keep - 1].1 } else { first }
+        c[keep - 1].1
     }
 }
 
@@ -143,6 +152,47 @@ mod tests {
         for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5), (f32::INFINITY, 0.5)] {
             assert!(Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: p, seed: 0 }).is_err());
         }
+    }
+
+    #[test]
+    fn vanishing_temperature_tends_to_greedy() {
+        // Dividing the logits by t first overflows f32 here (10 / 1e-38 = inf) and the top
+        // logits become NaN after the max is subtracted: sampling went wrong exactly when
+        // it should be almost greedy.
+        let logits = [1.0, 10.0, 9.999, -3.0, f32::NAN, f32::NEG_INFINITY];
+        for t in [1e-6, 1e-10, 1e-30, 1e-38, f32::MIN_POSITIVE, 1e-45] {
+            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: 1.0, seed: 1 }).unwrap();
+            for _ in 0..200 {
+                assert_eq!(s.sample(&logits), 1, "temperature {t}");
+            }
+        }
+        // Exact ties at the top share the draw even as t → 0.
+        let mut s = Sampler::new(SamplingParams { temperature: 1e-40, top_k: 0, top_p: 1.0, seed: 3 }).unwrap();
+        let picks: Vec<u32> = (0..200).map(|_| s.sample(&[5.0, 5.0, 1.0])).collect();
+        assert!(picks.contains(&0) && picks.contains(&1) && !picks.contains(&2));
+    }
+
+    #[test]
+    fn extreme_parameters_stay_well_defined() {
+        let logits = [0.5, -1.0, 3.0, f32::MAX, -f32::MAX];
+        for (t, k, p) in [(f32::MAX, 0, 1.0), (1e30, 3, 1e-30), (1.0, usize::MAX, 0.5), (1e-45, 2, 1.0)] {
+            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: k, top_p: p, seed: 9 }).unwrap();
+            for _ in 0..50 {
+                assert!((s.sample(&logits) as usize) < logits.len());
+            }
+        }
+        // A vast temperature flattens the distribution to uniform: every id appears.
+        let mut s = Sampler::new(SamplingParams { temperature: 1e30, top_k: 0, top_p: 1.0, seed: 5 }).unwrap();
+        let mut seen = [false; 4];
+        for _ in 0..400 {
+            seen[s.sample(&[0.0, 100.0, -100.0, 7.0]) as usize] = true;
+        }
+        assert_eq!(seen, [true; 4]);
+        // Infinite logits: +inf wins; all -inf gives a valid id; all NaN gives 0.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 5 }).unwrap();
+        assert_eq!(s.sample(&[1.0, f32::INFINITY, 2.0]), 1);
+        assert!(s.sample(&[f32::NEG_INFINITY; 3]) < 3);
+        assert_eq!(s.sample(&[f32::NAN; 3]), 0);
     }
 
     #[test]

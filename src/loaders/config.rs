@@ -4,6 +4,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+/// Larger configs are refused: a trillion parameters is past any GPT-2 this engine can hold.
+pub const MAX_PARAMS: usize = 1 << 40;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gpt2Config {
     pub vocab_size: usize,
@@ -67,13 +70,17 @@ impl Gpt2Config {
             return Err("scale_attn_weights=false is not supported".into());
         }
         let n_positions = raw.n_positions.or(raw.n_ctx).ok_or("config has neither n_positions nor n_ctx")?;
+        let n_inner = match raw.n_inner {
+            Some(f) => f,
+            None => raw.n_embd.checked_mul(4).ok_or("n_embd is implausibly large")?,
+        };
         let c = Gpt2Config {
             vocab_size: raw.vocab_size,
             n_positions,
             n_embd: raw.n_embd,
             n_layer: raw.n_layer,
             n_head: raw.n_head,
-            n_inner: raw.n_inner.unwrap_or(4 * raw.n_embd),
+            n_inner,
             layer_norm_epsilon: raw.layer_norm_epsilon,
             scale_attn_by_inverse_layer_idx: raw.scale_attn_by_inverse_layer_idx,
             bos_token_id: raw.bos_token_id.unwrap_or(50256),
@@ -83,7 +90,10 @@ impl Gpt2Config {
         Ok(c)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Every rule a config must meet before a model is built from it; the loader and
+    /// [`crate::model::Gpt2::load`] both call it, so a config assembled in code is held
+    /// to the same rules as one read from a file.
+    pub fn validate(&self) -> Result<(), String> {
         let dims = [self.vocab_size, self.n_positions, self.n_embd, self.n_layer, self.n_head, self.n_inner];
         if dims.contains(&0) {
             return Err("vocab_size, n_positions, n_embd, n_layer, n_head and n_inner must be positive".into());
@@ -97,18 +107,40 @@ impl Gpt2Config {
         if !(self.layer_norm_epsilon.is_finite() && self.layer_norm_epsilon > 0.0) {
             return Err("layer_norm_epsilon must be positive".into());
         }
-        Ok(())
+        for (name, id) in [("bos_token_id", self.bos_token_id), ("eos_token_id", self.eos_token_id)] {
+            if id as usize >= self.vocab_size {
+                return Err(format!("{name} {id} is outside the vocabulary of {}", self.vocab_size));
+            }
+        }
+        match self.checked_n_params() {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            _ => Err(format!("the config describes more than {MAX_PARAMS} parameters")),
+        }
     }
 
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
     }
 
-    /// Parameter count (tied head counted once).
+    /// Parameter count (tied head counted once); saturates for configs that
+    /// [`validate`](Self::validate) refuses.
     pub fn n_params(&self) -> usize {
+        self.checked_n_params().unwrap_or(usize::MAX)
+    }
+
+    /// Parameter count, or `None` when it overflows.
+    pub fn checked_n_params(&self) -> Option<usize> {
         let (c, f) = (self.n_embd, self.n_inner);
-        let block = 2 * 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * f + f) + (f * c + c);
-        self.vocab_size * c + self.n_positions * c + self.n_layer * block + 2 * c
+        let mul = |a: usize, b: usize| a.checked_mul(b);
+        let sum = |terms: &[Option<usize>]| terms.iter().try_fold(0usize, |acc, t| acc.checked_add((*t)?));
+        let block = sum(&[
+            mul(4, c),                                   // ln_1, ln_2
+            mul(c, mul(3, c)?)?.checked_add(mul(3, c)?), // c_attn
+            mul(c, c)?.checked_add(c),                   // attn c_proj
+            mul(c, f)?.checked_add(f),                   // c_fc
+            mul(f, c)?.checked_add(c),                   // mlp c_proj
+        ])?;
+        sum(&[mul(self.vocab_size, c), mul(self.n_positions, c), mul(self.n_layer, block), mul(2, c)])
     }
 
     /// The published GPT-2 family configs, for random-weight benchmarks.
@@ -185,6 +217,16 @@ mod tests {
                 "relu",
             ),
             ("not json", "invalid"),
+            // 4 * n_embd overflows before any other check could run.
+            (r#"{"vocab_size":1,"n_positions":1,"n_embd":4611686018427387904,"n_layer":1,"n_head":1}"#, "large"),
+            // Each dimension is plausible, the product is not.
+            (
+                r#"{"vocab_size":16777216,"n_positions":16777216,"n_embd":16777216,"n_inner":16777216,"n_layer":16777216,"n_head":1}"#,
+                "parameters",
+            ),
+            (r#"{"vocab_size":10,"n_positions":1,"n_embd":4,"n_layer":1,"n_head":1}"#, "bos_token_id 50256"),
+            (r#"{"vocab_size":1,"n_positions":1,"n_embd":4,"n_layer":0,"n_head":1}"#, "positive"),
+            (r#"{"vocab_size":1,"n_positions":1,"n_embd":4,"n_layer":1,"n_head":0}"#, "positive"),
         ] {
             let e = Gpt2Config::from_json(json).unwrap_err();
             assert!(e.contains(want), "{e}");

@@ -17,7 +17,7 @@
 
 use anyhow::{Context, bail, ensure};
 
-use crate::backend::{Backend, MatrixLayout, SeqSlice};
+use crate::backend::{Backend, KvCache, MatrixLayout, SeqSlice};
 use crate::loaders::safetensors::TensorView;
 use crate::loaders::{Gpt2Config, WeightStore};
 
@@ -31,7 +31,8 @@ struct Block<B: Backend> {
 }
 
 pub struct Gpt2<B: Backend> {
-    pub config: Gpt2Config,
+    /// Validated at load; private so that the weights and the config cannot part.
+    config: Gpt2Config,
     wte: B::Matrix, // (V, C): token embedding and output head
     wpe: B::Matrix, // (n_positions, C)
     blocks: Vec<Block<B>>,
@@ -69,6 +70,7 @@ impl<'a> Names<'a> {
 
 impl<B: Backend> Gpt2<B> {
     pub fn load(backend: &B, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<Self> {
+        config.validate().map_err(|e| anyhow::anyhow!("invalid GPT-2 config: {e}"))?;
         let prefix = if store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
         let n = Names { store, prefix };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
@@ -114,6 +116,10 @@ impl<B: Backend> Gpt2<B> {
         })
     }
 
+    pub fn config(&self) -> &Gpt2Config {
+        &self.config
+    }
+
     /// A KV cache for one sequence of up to `capacity` tokens.
     pub fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
         ensure!(
@@ -149,17 +155,33 @@ impl<B: Backend> Gpt2<B> {
             &mut large
         };
         let mut covered = 0;
-        for s in seqs {
+        for (s, cache) in seqs.iter().zip(caches.iter()) {
             ensure!(
-                s.rows.start == covered && s.rows.end <= tokens.len(),
+                s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= tokens.len(),
                 "sequence slices must tile the batch in order"
             );
             covered = s.rows.end;
-            let end = s.start_pos + s.rows.len();
+            let end = s.start_pos.checked_add(s.rows.len()).filter(|&e| e <= cfg.n_positions);
+            let Some(end) = end else {
+                bail!(
+                    "sequence at position {} + {} tokens exceeds the model's context of {}",
+                    s.start_pos,
+                    s.rows.len(),
+                    cfg.n_positions
+                );
+            };
             ensure!(
-                end <= cfg.n_positions,
-                "sequence of {end} tokens exceeds the model's context of {}",
-                cfg.n_positions
+                cache.n_layer() == cfg.n_layer && cache.width() == cfg.n_embd,
+                "KV cache of {} layers × {} does not fit this model ({} layers × {})",
+                cache.n_layer(),
+                cache.width(),
+                cfg.n_layer,
+                cfg.n_embd
+            );
+            ensure!(
+                end <= cache.capacity(),
+                "sequence of {end} tokens does not fit its KV cache of {} positions",
+                cache.capacity()
             );
             for (i, r) in s.rows.clone().enumerate() {
                 positions[r] = (s.start_pos + i) as u32;
@@ -171,13 +193,13 @@ impl<B: Backend> Gpt2<B> {
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
         let mut x = backend.embed(&self.wte, tokens); // (T, C)
         backend.add(&mut x, &backend.embed(&self.wpe, positions));
-        let first_ln = &self.blocks[0].ln_1;
+        let first_ln = &self.blocks.first().context("the model has no blocks")?.ln_1;
         let mut h = backend.layer_norm(&x, &first_ln.0, &first_ln.1, eps); // ln_1(x): (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
             // Attention: x = x + c_proj(attn(c_attn(ln_1(x)))).
             let qkv = backend.linear(&h, &b.c_attn.0, Some(&b.c_attn.1)); // (T, 3C)
             let layer_scale = if cfg.scale_attn_by_inverse_layer_idx { scale / (layer + 1) as f32 } else { scale };
-            let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale); // (T, C)
+            let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale)?; // (T, C)
             let attn_out = backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)); // (T, C)
             h = backend.add_layer_norm(&mut x, &attn_out, &b.ln_2.0, &b.ln_2.1, eps); // x += attn; h = ln_2(x)
             // MLP: x = x + mlp_proj(gelu(c_fc(ln_2(x)))).

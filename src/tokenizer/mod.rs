@@ -72,8 +72,12 @@ impl Tokenizer {
 
     /// Load HF `tokenizer.json` (byte-level BPE only).
     pub fn from_tokenizer_json(path: &Path) -> Result<Self> {
-        let root: Value =
-            serde_json::from_str(&read(path)?).map_err(|e| format_err(path, format!("invalid JSON: {e}")))?;
+        Self::parse_tokenizer_json(path, &read(path)?)
+    }
+
+    /// Parse the text of a `tokenizer.json`; `path` names it in error messages.
+    pub fn parse_tokenizer_json(path: &Path, text: &str) -> Result<Self> {
+        let root: Value = serde_json::from_str(text).map_err(|e| format_err(path, format!("invalid JSON: {e}")))?;
         let model = &root["model"];
         if model["type"].as_str() != Some("BPE") {
             return Err(format_err(path, format!("model type {} is not supported (only BPE)", model["type"])));
@@ -118,9 +122,13 @@ impl Tokenizer {
 
     /// Load OpenAI's original files: `vocab.json` (encoder.json) and `merges.txt` (vocab.bpe).
     pub fn from_vocab_merges(vocab_path: &Path, merges_path: &Path) -> Result<Self> {
-        let vocab: HashMap<String, u32> = serde_json::from_str(&read(vocab_path)?)
-            .map_err(|e| format_err(vocab_path, format!("invalid vocab: {e}")))?;
-        let text = read(merges_path)?;
+        Self::parse_vocab_merges(vocab_path, &read(vocab_path)?, merges_path, &read(merges_path)?)
+    }
+
+    /// Parse the texts of `vocab.json` and `merges.txt`; the paths name them in messages.
+    pub fn parse_vocab_merges(vocab_path: &Path, vocab: &str, merges_path: &Path, text: &str) -> Result<Self> {
+        let vocab: HashMap<String, u32> =
+            serde_json::from_str(vocab).map_err(|e| format_err(vocab_path, format!("invalid vocab: {e}")))?;
         let mut merges = Vec::new();
         for (n, line) in text.lines().enumerate() {
             if (n == 0 && line.starts_with("#version")) || line.is_empty() {
@@ -143,6 +151,13 @@ impl Tokenizer {
         mut specials: Vec<(String, u32)>,
     ) -> Result<Self> {
         let table = byte_level::byte_to_char_table();
+        // Empty tokens would match everywhere (an endless encode) or decode to nothing.
+        if let Some((_, id)) = specials.iter().find(|(s, _)| s.is_empty()) {
+            return Err(format_err(path, format!("special token {id} has empty content")));
+        }
+        if let Some((_, id)) = vocab.iter().find(|(s, _)| s.is_empty()) {
+            return Err(format_err(path, format!("vocab token {id} is the empty string")));
+        }
         let special_ids: HashMap<u32, &str> = specials.iter().map(|(s, id)| (*id, s.as_str())).collect();
         let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.1)).max().unwrap_or(0);
         if max_id > 10_000_000 {
@@ -156,6 +171,9 @@ impl Tokenizer {
                 None => byte_level::token_string_to_bytes(token, &table)
                     .ok_or_else(|| format_err(path, format!("vocab token {token:?} is not byte-level text")))?,
             };
+            if !decoder[*id as usize].is_empty() {
+                return Err(format_err(path, format!("id {id} is used by two vocab tokens")));
+            }
             decoder[*id as usize] = bytes.clone();
             encoder.insert(bytes, *id);
         }
@@ -198,25 +216,24 @@ impl Tokenizer {
     /// Encode, mapping special-token text (`<|endoftext|>`) to its id, like HF's default `encode`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
-        let mut rest = text;
-        while !rest.is_empty() {
-            let next = self
-                .specials
-                .iter()
-                .filter_map(|(s, id)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
-                .min_by_key(|&(at, len, _)| (at, Reverse(len)));
-            match next {
-                Some((at, len, id)) => {
-                    self.encode_ordinary_into(&rest[..at], &mut ids);
-                    ids.push(id);
-                    rest = &rest[at + len..];
-                }
-                None => {
-                    self.encode_ordinary_into(rest, &mut ids);
-                    break;
+        // The next occurrence of each special token at or after `cursor`. Each is searched
+        // for again only once the cursor has passed it, so encoding stays linear in the
+        // text for each special token, however many times they occur.
+        let mut next: Vec<Option<usize>> = self.specials.iter().map(|(s, _)| text.find(s.as_str())).collect();
+        let mut cursor = 0;
+        // Earliest match; among equal starts the longest (specials are sorted longest first).
+        while let Some((at, i)) = next.iter().enumerate().filter_map(|(i, at)| at.map(|at| (at, i))).min() {
+            let (special, id) = &self.specials[i];
+            self.encode_ordinary_into(&text[cursor..at], &mut ids);
+            ids.push(*id);
+            cursor = at + special.len();
+            for ((s, _), slot) in self.specials.iter().zip(&mut next) {
+                if slot.is_some_and(|p| p < cursor) {
+                    *slot = text[cursor..].find(s.as_str()).map(|p| cursor + p);
                 }
             }
         }
+        self.encode_ordinary_into(&text[cursor..], &mut ids);
         ids
     }
 

@@ -14,6 +14,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::simd::{self, Isa};
+use crate::backend::WeightDtype;
 
 /// Columns per panel: two AVX2 registers of f32.
 pub const NR: usize = 16;
@@ -25,30 +26,6 @@ const KC: usize = 256;
 const NC_PANELS: usize = 8;
 /// Up to this many rows, a call is treated as GEMV (stream panels once, all rows at a time).
 const GEMV_MAX_ROWS: usize = 4;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightDtype {
-    F32,
-    F16,
-    BF16,
-}
-
-impl WeightDtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightDtype::F32 => "f32",
-            WeightDtype::F16 => "f16",
-            WeightDtype::BF16 => "bf16",
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            WeightDtype::F32 => 4,
-            WeightDtype::F16 | WeightDtype::BF16 => 2,
-        }
-    }
-}
 
 /// Panel storage in one of the supported element types.
 pub enum PanelData {
@@ -292,15 +269,14 @@ unsafe fn copy_cols(src: *const f32, dst: *mut f32, n: usize) {
 
 /// Run the micro-kernel for one tile (dispatching on the ISA).
 fn tile<T: PanelElem>(isa: Isa, t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            // SAFETY: Isa::Avx2 is only in use when detection proved AVX2/FMA/F16C; the
-            // kernel checks the tile's bounds.
-            unsafe { T::KERNEL(t, acc) }
-        }
-        _ => tile_portable(t, acc),
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx2() {
+        // SAFETY: an AVX2 `Isa` exists only where detection proved AVX2/FMA/F16C; the
+        // kernel checks the tile's bounds.
+        return unsafe { T::KERNEL(t, acc) };
     }
+    let _ = isa;
+    tile_portable(t, acc)
 }
 
 /// Bias and GELU on a finished tile, then store its valid columns.
@@ -517,6 +493,106 @@ pub(crate) mod x86 {
                 for h in 0..2 {
                     let p = acc[r].as_mut_ptr().add(8 * h);
                     _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), s[r][h]));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Small shapes on every path (GEMV, GEMM across a K-block edge, partial panels and
+    //! row blocks, the causal variants), against a plain f64 sum. Small enough for
+    //! `cargo +nightly miri test`, which checks the raw-pointer output writes.
+    use super::*;
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = crate::engine::sampler::Rng::new(seed);
+        (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut v = vec![Isa::PORTABLE];
+        v.extend(Isa::avx2());
+        v
+    }
+
+    #[test]
+    fn matmul_matches_a_plain_sum_on_awkward_shapes() {
+        let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(1, 5, 17), (3, 17, 33), (7, 260, 18)]
+        } else {
+            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (13, 513, 100)]
+        };
+        for &(rows, n_in, n_out) in shapes {
+            let x = values(rows * n_in, 1);
+            let w = values(n_in * n_out, 2);
+            let bias = values(n_out, 3);
+            for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
+                let packed = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w[k * n_out + j]);
+                let mut col = vec![0.0; n_in];
+                packed.column(n_out - 1, &mut col);
+                for isa in isas() {
+                    for gelu in [false, true] {
+                        let mut out = vec![f32::NAN; rows * n_out];
+                        matmul(isa, &x, rows, &packed, Epilogue { bias: Some(&bias), gelu }, &mut out);
+                        for r in 0..rows {
+                            for j in 0..n_out {
+                                let mut want = f64::from(bias[j]);
+                                for k in 0..n_in {
+                                    // The weight as stored: the last column read back is exact.
+                                    let wk = if j == n_out - 1 { col[k] } else { round(dtype, w[k * n_out + j]) };
+                                    want += f64::from(x[r * n_in + k]) * f64::from(wk);
+                                }
+                                let want = if gelu { simd::gelu_scalar(want as f32) } else { want as f32 };
+                                let got = out[r * n_out + j];
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                    "{isa:?} {dtype:?} {rows}x{n_in}->{n_out} gelu {gelu} [{r},{j}]: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn round(dtype: WeightDtype, v: f32) -> f32 {
+        match dtype {
+            WeightDtype::F32 => v,
+            WeightDtype::F16 => f16::from_f32(v).to_f32(),
+            WeightDtype::BF16 => bf16::from_f32(v).to_f32(),
+        }
+    }
+
+    #[test]
+    fn causal_products_write_only_what_they_own() {
+        // S = Q·Kᵀ with a prefix of 2 earlier keys: row i sees keys 0..=2+i; P·V likewise.
+        let (t, hd, start) = (7, 5, 2);
+        let keys = start + t;
+        let q = values(t * hd, 4);
+        let k = values(keys * hd, 5);
+        for isa in isas() {
+            let kt = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| k[j * hd + d]);
+            let mut s = vec![0.0f32; t * keys];
+            let none = Epilogue { bias: None, gelu: false };
+            matmul_causal(isa, &q, t, &kt, none, Causal::KeyColumns { start }, &mut s);
+            for i in 0..t {
+                for j in 0..=start + i {
+                    let want: f32 = (0..hd).map(|d| q[i * hd + d] * k[j * hd + d]).sum();
+                    assert!((s[i * keys + j] - want).abs() < 1e-5, "{isa:?} S[{i},{j}]");
+                }
+            }
+            // P: masked beyond each row's visible keys; O = P·V stops at the last visible key.
+            let p: Vec<f32> = (0..t * keys).map(|i| if i % keys <= start + i / keys { 0.5 } else { 0.0 }).collect();
+            let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| k[j * hd + d]);
+            let mut o = vec![0.0f32; t * hd];
+            matmul_causal(isa, &p, t, &v, none, Causal::KeyInner { start }, &mut o);
+            for i in 0..t {
+                for d in 0..hd {
+                    let want: f32 = (0..=start + i).map(|j| 0.5 * k[j * hd + d]).sum();
+                    assert!((o[i * hd + d] - want).abs() < 1e-5, "{isa:?} O[{i},{d}]");
                 }
             }
         }

@@ -19,10 +19,10 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, WeightDtype, check_attention};
 use crate::loaders::safetensors::{Dtype, TensorView};
+pub use matmul::PackedMatrix;
 use matmul::{Causal, Epilogue, matmul, matmul_causal};
-pub use matmul::{PackedMatrix, WeightDtype};
 pub use simd::Isa;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,14 +41,18 @@ impl Default for CpuOptions {
 }
 
 pub struct CpuBackend {
-    pub opts: CpuOptions,
+    opts: CpuOptions,
     pool: Arc<BufferPool>,
 }
 
 impl CpuBackend {
+    /// Every `Isa` value runs on this CPU (only detection makes the non-portable ones).
     pub fn new(opts: CpuOptions) -> anyhow::Result<Self> {
-        ensure!(opts.isa.available(), "this CPU lacks the {} instructions", opts.isa.name());
         Ok(CpuBackend { opts, pool: Arc::new(BufferPool::default()) })
+    }
+
+    pub fn opts(&self) -> &CpuOptions {
+        &self.opts
     }
 
     fn take(&self, rows: usize, cols: usize) -> CpuAct {
@@ -131,6 +135,18 @@ pub struct CpuKvCache {
     /// Per layer: keys, values; each head-major `[n_head, capacity, head_dim]`, so one
     /// head's keys are one contiguous stream for attention.
     layers: Vec<(KvStore, KvStore)>,
+}
+
+impl KvCache for CpuKvCache {
+    fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn width(&self) -> usize {
+        self.width
+    }
 }
 
 /// Decode-path attention keeps its scores on the stack up to this many positions.
@@ -323,15 +339,13 @@ impl Backend for CpuBackend {
         layer: usize,
         n_head: usize,
         scale: f32,
-    ) -> CpuAct {
+    ) -> anyhow::Result<CpuAct> {
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
         let isa = self.opts.isa;
         let c = qkv.cols / 3;
         let hd = c / n_head;
-        assert_eq!(seqs.len(), caches.len(), "one cache per sequence");
         // 1. Append the new keys and values.
         for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
-            assert_eq!(cache.width, c, "cache width");
-            assert!(seq.start_pos + seq.rows.len() <= cache.capacity, "KV cache overflow (checked by the model)");
             let (k, v) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
                 let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
@@ -415,7 +429,7 @@ impl Backend for CpuBackend {
                 simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, h, j), hd, tmp), o);
             }
         });
-        out
+        Ok(out)
     }
 
     fn select_rows(&self, x: &CpuAct, rows: &[usize]) -> CpuAct {

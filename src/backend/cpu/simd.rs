@@ -5,8 +5,19 @@
 //! (SSE2 on any x86-64, NEON on aarch64). Every public function here is safe; the
 //! `unsafe` AVX2 bodies are only reached after detection proved the features exist.
 
+/// The instruction set the kernels run with: a token that only run-time detection can
+/// make for anything beyond the portable path, so safe code cannot ask for instructions
+/// this CPU lacks (its field is private; [`Isa::avx2`] checks the CPU first).
+///
+/// ```compile_fail
+/// // Safe code cannot name the AVX2 path without detection.
+/// let isa = batch_forge::backend::cpu::Isa::Avx2;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
+pub struct Isa(IsaKind);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IsaKind {
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
     /// Any CPU: auto-vectorized Rust.
@@ -14,28 +25,37 @@ pub enum Isa {
 }
 
 impl Isa {
-    pub fn detect() -> Isa {
+    /// Any CPU: auto-vectorized Rust.
+    pub const PORTABLE: Isa = Isa(IsaKind::Portable);
+
+    /// AVX2 + FMA + F16C, if this CPU has them.
+    pub fn avx2() -> Option<Isa> {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2")
                 && std::is_x86_feature_detected!("fma")
                 && std::is_x86_feature_detected!("f16c")
             {
-                return Isa::Avx2;
+                return Some(Isa(IsaKind::Avx2));
             }
         }
-        Isa::Portable
+        None
     }
 
-    /// Whether this ISA can run on this CPU.
-    pub fn available(self) -> bool {
-        self == Isa::Portable || Isa::detect() == Isa::Avx2
+    /// The best this CPU runs.
+    pub fn detect() -> Isa {
+        Isa::avx2().unwrap_or(Isa::PORTABLE)
+    }
+
+    /// Whether this is the AVX2 path (and so, by construction, the CPU has it).
+    pub fn is_avx2(self) -> bool {
+        self.0 == IsaKind::Avx2
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Isa::Avx2 => "avx2",
-            Isa::Portable => "portable",
+        match self.0 {
+            IsaKind::Avx2 => "avx2",
+            IsaKind::Portable => "portable",
         }
     }
 }
@@ -54,8 +74,8 @@ pub fn gelu_scalar(x: f32) -> f32 {
 /// In-place GELU over a slice.
 pub fn gelu(isa: Isa, v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        // SAFETY: Isa::Avx2 is only constructed/used when detection found avx2+fma+f16c.
+    if isa.is_avx2() {
+        // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c.
         return unsafe { x86::gelu(v) };
     }
     let _ = isa;
@@ -66,7 +86,7 @@ pub fn gelu(isa: Isa, v: &mut [f32]) {
 pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.is_avx2() {
         // SAFETY: features checked by detection; lengths checked above.
         return unsafe { x86::dot(a, b) };
     }
@@ -95,7 +115,7 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
 pub fn softmax(isa: Isa, v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.is_avx2() {
         // SAFETY: features checked by detection.
         let sum = unsafe { x86::exp_sub_sum(v, max) };
         let inv = 1.0 / sum;
@@ -135,7 +155,7 @@ pub fn layer_norm(x: &[f32], gain: &[f32], shift: &[f32], eps: f32, out: &mut [f
 /// Sum of a slice (the memory-bandwidth probe's kernel).
 pub fn sum_isa(isa: Isa, x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa.is_avx2() {
         // SAFETY: features checked by detection.
         return unsafe { x86::sum(x) };
     }
@@ -300,12 +320,13 @@ mod tests {
 
     #[test]
     fn vector_exp_and_gelu_match_scalar() {
-        if Isa::detect() != Isa::Avx2 {
+        let Some(avx2) = Isa::avx2() else {
+            eprintln!("SKIPPED: no AVX2/FMA/F16C on this CPU");
             return;
-        }
+        };
         let xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.02).chain([1e3, -1e3, 3e38, -3e38, 0.0]).collect();
         let mut v = xs.clone();
-        gelu(Isa::Avx2, &mut v);
+        gelu(avx2, &mut v);
         for (x, g) in xs.iter().zip(&v) {
             let want = crate::backend::reference::gelu_tanh(*x);
             assert!(g.is_finite(), "gelu({x}) = {g}");
@@ -313,8 +334,8 @@ mod tests {
         }
         let mut v: Vec<f32> = (0..100).map(|i| i as f32 * 0.7 - 60.0).collect();
         let mut w = v.clone();
-        softmax(Isa::Avx2, &mut v);
-        softmax(Isa::Portable, &mut w);
+        softmax(avx2, &mut v);
+        softmax(Isa::PORTABLE, &mut w);
         for (a, b) in v.iter().zip(&w) {
             assert!((a - b).abs() <= 1e-6 * b.max(1e-30) + 1e-37, "{a} vs {b}");
         }

@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::{Context, bail, ensure};
 use wgpu::util::DeviceExt;
 
-use super::cpu::WeightDtype;
-use super::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use super::WeightDtype;
+use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, check_attention};
 use crate::loaders::safetensors::{Dtype, TensorView};
 use kernels::{Kernel, Kernels};
 
@@ -40,7 +40,14 @@ pub struct GpuOptions {
     pub gemv: GemvKernel,
     /// Store the KV cache in f16 (needs shader-f16).
     pub kv_f16: bool,
+    /// How long a read-back waits for the device before it gives up with an error
+    /// (`None`: [`DEFAULT_POLL_TIMEOUT`], or `BATCH_FORGE_GPU_TIMEOUT_S` seconds).
+    pub poll_timeout: Option<std::time::Duration>,
 }
+
+/// A read-back waits this long for the device by default: far past any single step of
+/// the models here, even on a software adapter, yet a hung driver ends in an error.
+pub const DEFAULT_POLL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The two decode GEMV kernels (see matmul.wgsl); the parity tests run both.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +76,9 @@ pub struct GpuBackend {
     f16: bool,
     gemv_thread: bool,
     opts: GpuOptions,
+    /// How long a read-back waits for the device.
+    poll_timeout: std::time::Duration,
+    adapter_f16: bool,
     kernels: Kernels,
     params_buf: wgpu::Buffer,
     param_slot: u64,
@@ -128,15 +138,23 @@ impl State {
 impl GpuBackend {
     /// Open the chosen adapter (see [`device::choose_adapter`]) and compile the kernels.
     pub fn new(opts: GpuOptions) -> anyhow::Result<Self> {
+        Self::check_options(&opts)?;
         let adapter = device::choose_adapter()?;
         Self::with_adapter(&adapter, opts)
     }
 
-    pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> anyhow::Result<Self> {
+    /// The option checks that need no device, so a bad flag is reported before any
+    /// adapter is looked for.
+    pub fn check_options(opts: &GpuOptions) -> anyhow::Result<()> {
         ensure!(
             opts.weight_dtype != Some(WeightDtype::BF16),
             "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
         );
+        Ok(())
+    }
+
+    pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> anyhow::Result<Self> {
+        Self::check_options(&opts)?;
         let info = adapter.get_info();
         let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_f16;
         let (device, queue, f16) = device::request_device(adapter, want_f16)?;
@@ -166,12 +184,26 @@ impl GpuBackend {
             mapped_at_creation: false,
         });
         let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let poll_timeout = match opts.poll_timeout {
+            Some(t) => t,
+            None => match std::env::var("BATCH_FORGE_GPU_TIMEOUT_S") {
+                Ok(v) => v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+                    .map(std::time::Duration::from_secs_f64)
+                    .with_context(|| format!("BATCH_FORGE_GPU_TIMEOUT_S={v:?} is not a positive number of seconds"))?,
+                Err(_) => DEFAULT_POLL_TIMEOUT,
+            },
+        };
         let gemv_thread = match opts.gemv {
             GemvKernel::Auto => info.device_type == wgpu::DeviceType::Cpu,
             GemvKernel::Cooperative => false,
             GemvKernel::Thread => true,
         };
         let backend = GpuBackend {
+            adapter_f16: adapter.features().contains(wgpu::Features::SHADER_F16),
+            poll_timeout,
             info,
             gemv_thread,
             max_binding,
@@ -206,6 +238,17 @@ impl GpuBackend {
     /// Whether 16-bit weights are available (the adapter has shader-f16).
     pub fn has_f16(&self) -> bool {
         self.f16
+    }
+
+    /// The largest storage binding the device allows, in bytes.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding
+    }
+
+    /// Whether the adapter offers shader-f16 at all (whether or not this backend asked
+    /// for it), so tests can tell "not supported here" from "not turned on".
+    pub fn adapter_supports_f16(&self) -> bool {
+        self.adapter_f16
     }
 
     /// The first wgpu error since the last check, as an error.
@@ -511,6 +554,25 @@ pub struct GpuKvCache {
     bind_groups: Arc<BindCache>,
 }
 
+impl KvCache for GpuKvCache {
+    fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn width(&self) -> usize {
+        self.width
+    }
+}
+
+impl GpuKvCache {
+    /// Bytes of device memory it holds (keys and values of every layer).
+    pub fn device_bytes(&self) -> u64 {
+        self.layers.iter().map(|b| b.size()).sum()
+    }
+}
+
 impl Drop for GpuKvCache {
     /// Cached bind groups would keep the cache's memory alive: forget them.
     fn drop(&mut self) {
@@ -581,8 +643,14 @@ impl Backend for GpuBackend {
     }
 
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<GpuKvCache> {
-        let bytes =
-            (2 * capacity).checked_mul(width).and_then(|n| n.checked_mul(4)).context("KV cache size overflows")? as u64;
+        // Keys and values of one layer in one buffer, 2 or 4 bytes a value.
+        let elem = if self.opts.kv_f16 { 2 } else { 4 };
+        let bytes = capacity
+            .checked_mul(2)
+            .and_then(|n| n.checked_mul(width))
+            .and_then(|n| n.checked_mul(elem))
+            .and_then(|n| u64::try_from(n).ok())
+            .context("KV cache size overflows")?;
         ensure!(
             bytes <= self.max_binding,
             "a KV cache layer of {capacity} positions × {width} needs {bytes} bytes, over the adapter's \
@@ -703,27 +771,16 @@ impl Backend for GpuBackend {
         layer: usize,
         n_head: usize,
         scale: f32,
-    ) -> GpuAct {
+    ) -> anyhow::Result<GpuAct> {
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
         let c = qkv.cols / 3;
+        let head_dim = c / n_head;
+        ensure!(head_dim <= 256, "attention: heads of {head_dim} values; the gpu kernels take at most 256");
         let out = self.take(qkv.rows, c);
-        let head_dim = c / n_head.max(1);
-        if n_head == 0 || !c.is_multiple_of(n_head) || head_dim > 256 || seqs.len() != caches.len() {
-            self.fail(format!("attention: unsupported shape ({n_head} heads of {head_dim}; at most 256 per head)"));
-            return out;
-        }
         for (s, cache) in seqs.iter().zip(caches.iter()) {
             let rows = s.rows.len();
             if rows == 0 {
                 continue;
-            }
-            if cache.width != c || s.start_pos + rows > cache.capacity || layer >= cache.layers.len() {
-                self.fail(format!(
-                    "attention: positions {}..{} do not fit the KV cache of {}",
-                    s.start_pos,
-                    s.start_pos + rows,
-                    cache.capacity
-                ));
-                return out;
             }
             let params = [
                 rows as u32,
@@ -760,7 +817,7 @@ impl Backend for GpuBackend {
                 None,
             );
         }
-        out
+        Ok(out)
     }
 
     fn select_rows(&self, x: &GpuAct, rows: &[usize]) -> GpuAct {
@@ -815,6 +872,8 @@ impl GpuBackend {
     /// `buf` to `use_bytes` straight from the mapped read-back buffer.
     fn read_back(&self, buf: &Pooled, words: usize, use_bytes: impl FnOnce(&[u8])) -> anyhow::Result<()> {
         let n = words as u64 * 4;
+        // The state stays locked until the staging buffer is unmapped: it is shared, so a
+        // second caller must not copy into it (or map it) while this one reads it.
         let mut st = self.lock();
         let staging = if n > 0 {
             if st.staging.as_ref().is_none_or(|s| s.size() < n) {
@@ -832,9 +891,8 @@ impl GpuBackend {
             None
         };
         self.submit(&mut st);
-        drop(st);
         let Some(staging) = staging else {
-            self.device.poll(wgpu::PollType::wait_indefinitely()).context("waiting for the GPU")?;
+            self.wait()?;
             return self.check();
         };
         let slice = staging.slice(..n);
@@ -842,9 +900,9 @@ impl GpuBackend {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let polled = self.device.poll(wgpu::PollType::wait_indefinitely());
+        let polled = self.wait();
         // Unmap whatever happens, so the next read-back can submit.
-        let mapped = match rx.recv() {
+        let mapped = match rx.try_recv() {
             Ok(Ok(())) => {
                 let read = slice.get_mapped_range().map(|m| use_bytes(&m));
                 staging.unmap();
@@ -852,8 +910,26 @@ impl GpuBackend {
             }
             _ => None,
         };
-        polled.context("waiting for the GPU")?;
+        if polled.is_err() && mapped.is_none() {
+            // Timed out with the map still pending: this staging buffer cannot be reused.
+            st.staging = None;
+        }
+        drop(st);
+        polled?;
         self.check()?;
         mapped.context("mapping the read-back buffer failed")?.context("reading the mapped buffer")
+    }
+
+    /// Wait for all submitted work, at most `poll_timeout`.
+    fn wait(&self) -> anyhow::Result<()> {
+        let timeout = self.poll_timeout;
+        match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(timeout) }) {
+            Ok(_) => Ok(()),
+            Err(wgpu::PollError::Timeout) => bail!(
+                "the GPU did not finish within {:.1} s (set BATCH_FORGE_GPU_TIMEOUT_S to wait longer)",
+                timeout.as_secs_f64()
+            ),
+            Err(e) => Err(e).context("waiting for the GPU"),
+        }
     }
 }

@@ -1,6 +1,8 @@
 // Greedy sampling on the device: the index of the largest logit of each row (the
 // lowest index on ties, as the CPU sampler), so a decode step reads back 4 bytes per
-// sequence instead of the vocabulary-wide logits. One workgroup per row.
+// sequence instead of the vocabulary-wide logits. One workgroup per row. A row holding
+// any non-finite value (NaN, ±inf) gives 0xffffffff, so the caller can report broken
+// logits instead of picking a token from them.
 
 struct Params {
     rows: u32,
@@ -15,19 +17,30 @@ struct Params {
 
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
+var<workgroup> non_finite: atomic<u32>;
+
+// NaN or ±inf, read from the bits (no reliance on float comparisons with NaN).
+fn is_non_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u;
+}
 
 @compute @workgroup_size(256)
 fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let row = wg.x;
     var bv = -3.4028235e38;
     var bi = 0xffffffffu;
+    var bad = false;
     for (var c = tid; c < p.cols; c = c + 256u) {
         let v = x[row * p.cols + c];
-        // NaN is never chosen (v != v only for NaN), as on the host.
-        if (v == v && (v > bv || bi == 0xffffffffu)) {
+        if (is_non_finite(v)) {
+            bad = true;
+        } else if (v > bv || bi == 0xffffffffu) {
             bv = v;
             bi = c;
         }
+    }
+    if (bad) {
+        atomicOr(&non_finite, 1u);
     }
     best_v[tid] = bv;
     best_i[tid] = bi;
@@ -45,6 +58,8 @@ fn argmax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }
     if (tid == 0u) {
-        out[row] = select(best_i[0], 0u, best_i[0] == 0xffffffffu); // an all-NaN row gives 0
+        // An empty row gives 0; a row with a non-finite value 0xffffffff.
+        let id = select(best_i[0], 0u, best_i[0] == 0xffffffffu);
+        out[row] = select(id, 0xffffffffu, atomicLoad(&non_finite) != 0u);
     }
 }

@@ -1,0 +1,156 @@
+//! The properties the fuzz targets check, as plain functions of the input bytes: the
+//! cargo-fuzz targets (fuzz_targets/) call them under libFuzzer, and
+//! tests/fuzz_regressions.rs replays the committed seeds and every input a fuzzer ever
+//! found (fuzz/regressions/) through them on stable Rust, in CI.
+#![allow(dead_code)]
+
+use batch_forge::engine::sampler::{Sampler, SamplingParams, argmax};
+use batch_forge::loaders::Gpt2Config;
+use batch_forge::loaders::safetensors::SafetensorsFile;
+use batch_forge::tokenizer::StreamDecoder;
+use batch_forge::tokenizer::Tokenizer;
+use std::path::Path;
+use std::sync::LazyLock;
+
+/// Any byte string as a safetensors file: the header is validated or rejected with an
+/// error, never a panic, and every tensor of an accepted file reads in bounds.
+pub fn safetensors(data: &[u8]) {
+    let Ok(file) = SafetensorsFile::from_bytes("fuzz", data.to_vec()) else { return };
+    let names: Vec<String> = file.names().map(str::to_owned).collect();
+    for name in names {
+        let t = file.get(&name).expect("listed tensors exist");
+        let elems = t.shape.iter().product::<usize>();
+        assert_eq!(t.bytes.len(), elems * t.dtype.size(), "{name}: size");
+        if let Ok(v) = t.to_f32() {
+            assert_eq!(v.len(), elems);
+        }
+        if let Ok(v) = t.to_i64() {
+            assert_eq!(v.len(), elems);
+        }
+    }
+}
+
+/// Any text as a GPT-2 `config.json`: accepted configs are consistent (every derived
+/// size is computable without overflow), everything else is an error, never a panic.
+pub fn config_json(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(c) = Gpt2Config::from_json(text) else { return };
+    assert!(c.validate().is_ok());
+    assert!(c.checked_n_params().is_some(), "an accepted config has a parameter count");
+    assert!(c.head_dim() * c.n_head == c.n_embd);
+    assert!(c.eos_token_id < c.vocab_size as u32 && c.bos_token_id < c.vocab_size as u32);
+    // What it writes back reads back the same.
+    assert_eq!(Gpt2Config::from_json(&c.to_json()).as_ref(), Ok(&c));
+}
+
+/// Any text as a `tokenizer.json`, then any text to encode with what it accepted:
+/// loading is an error or a tokenizer that encodes in bounded time (libFuzzer's
+/// -timeout) and decodes back to the exact input. Input: JSON, a 0 byte, the text.
+pub fn tokenizer_json(data: &[u8]) {
+    let split = data.iter().position(|&b| b == 0).unwrap_or(data.len());
+    let Ok(json) = std::str::from_utf8(&data[..split]) else { return };
+    let text = String::from_utf8_lossy(data.get(split + 1..).unwrap_or_default());
+    let Ok(tok) = Tokenizer::parse_tokenizer_json(Path::new("tokenizer.json"), json) else { return };
+    let ids = tok.encode(&text);
+    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+    let ids = tok.encode_ordinary(&text);
+    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+}
+
+/// Any `vocab.json` + `merges.txt` pair, then any text: as for `tokenizer_json`.
+/// Input: vocab, a 0 byte, merges, a 0 byte, the text.
+pub fn vocab_merges(data: &[u8]) {
+    let mut parts = data.splitn(3, |&b| b == 0);
+    let (Some(vocab), Some(merges)) = (parts.next(), parts.next()) else { return };
+    let text = String::from_utf8_lossy(parts.next().unwrap_or_default());
+    let (Ok(vocab), Ok(merges)) = (std::str::from_utf8(vocab), std::str::from_utf8(merges)) else { return };
+    let (vp, mp) = (Path::new("vocab.json"), Path::new("merges.txt"));
+    let Ok(tok) = Tokenizer::parse_vocab_merges(vp, vocab, mp, merges) else { return };
+    let ids = tok.encode(&text);
+    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+}
+
+static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(|| {
+    // From the fuzz crate (fuzz/) or the main crate (the repository root).
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = [root.join("tests/fixtures/gpt2-tokenizer"), root.join("../tests/fixtures/gpt2-tokenizer")]
+        .into_iter()
+        .find(|d| d.is_dir())
+        .expect("tests/fixtures/gpt2-tokenizer");
+    Tokenizer::from_dir(&dir).expect("the GPT-2 tokenizer fixture")
+});
+
+/// GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
+/// encode → decode (with and without special-token matching), every id is in range,
+/// and encoding finishes in bounded time (libFuzzer's -timeout).
+pub fn bpe_roundtrip(data: &[u8]) {
+    let tok = &*TOKENIZER;
+    let text = String::from_utf8_lossy(data);
+    for ids in [tok.encode(&text), tok.encode_ordinary(&text)] {
+        assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
+        let back = tok.decode_bytes(&ids).expect("encoded ids decode");
+        assert_eq!(back, text.as_bytes(), "round trip of {text:?}");
+    }
+}
+
+/// The streaming UTF-8 decoder on arbitrary bytes cut into arbitrary pieces: what it
+/// emits, piece by piece and then at `finish`, equals a one-shot lossy decode of the
+/// whole; every emitted piece is whole characters (it is a `String`), and what it holds
+/// back is at most one partial character. Input: a cut table byte, then the bytes.
+pub fn stream_decoder(data: &[u8]) {
+    let Some((&cut, bytes)) = data.split_first() else { return };
+    let mut d = StreamDecoder::new();
+    let mut out = String::new();
+    let step = usize::from(cut % 7) + 1;
+    for (i, piece) in bytes.chunks(step).enumerate() {
+        // Vary the piece length with the data so cuts fall everywhere.
+        let piece = &piece[..piece.len().min(1 + (i + usize::from(cut)) % step)];
+        d.push_into(piece, &mut out);
+        assert!(d.pending_len() <= 3, "holds back more than a partial character");
+    }
+    out.push_str(&d.finish());
+    let fed: Vec<u8> = bytes
+        .chunks(step)
+        .enumerate()
+        .flat_map(|(i, p)| p[..p.len().min(1 + (i + usize::from(cut)) % step)].to_vec())
+        .collect();
+    assert_eq!(out, String::from_utf8_lossy(&fed));
+}
+
+fn f32_at(d: &[u8], i: usize) -> f32 {
+    let mut b = [0u8; 4];
+    for (k, x) in b.iter_mut().enumerate() {
+        *x = d.get(i + k).copied().unwrap_or(0);
+    }
+    f32::from_le_bytes(b)
+}
+
+/// Sampling parameters and logits from raw bits (any f32: NaN, ±inf, subnormals):
+/// invalid parameters are refused; accepted ones always return an id in range that is
+/// not a NaN logit (unless every logit is NaN), greedy when the temperature is 0.
+pub fn sampler(data: &[u8]) {
+    if data.len() < 17 {
+        return;
+    }
+    let params = SamplingParams {
+        temperature: f32_at(data, 0),
+        top_k: u32::from_le_bytes([data[4], data[5], data[6], data[7]]) as usize % 70_000,
+        top_p: f32_at(data, 8),
+        seed: u64::from(u32::from_le_bytes([data[12], data[13], data[14], data[15]])),
+    };
+    let logits: Vec<f32> = data[16..].chunks(4).map(|c| f32_at(c, 0)).collect();
+    let Ok(mut s) = Sampler::new(params.clone()) else {
+        assert!(params.validate().is_err());
+        return;
+    };
+    for _ in 0..3 {
+        let id = s.sample(&logits) as usize;
+        assert!(id < logits.len());
+        if logits.iter().any(|v| !v.is_nan()) {
+            assert!(!logits[id].is_nan(), "picked a NaN logit");
+        }
+        if params.temperature == 0.0 {
+            assert_eq!(id, argmax(&logits) as usize);
+        }
+    }
+}

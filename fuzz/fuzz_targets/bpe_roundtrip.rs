@@ -1,0 +1,9 @@
+//! GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
+//! encode → decode (with and without special-token matching), every id is in range,
+//! and encoding finishes in bounded time (libFuzzer's -timeout).
+#![no_main]
+
+#[path = "../checks.rs"]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::bpe_roundtrip(data));
