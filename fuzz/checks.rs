@@ -66,8 +66,9 @@ pub fn vocab_merges(data: &[u8]) {
     let (Ok(vocab), Ok(merges)) = (std::str::from_utf8(vocab), std::str::from_utf8(merges)) else { return };
     let (vp, mp) = (Path::new("vocab.json"), Path::new("merges.txt"));
     let Ok(tok) = Tokenizer::parse_vocab_merges(vp, vocab, mp, merges) else { return };
-    let ids = tok.encode(&text);
-    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+    for ids in [tok.encode(&text), tok.encode_ordinary(&text)] {
+        assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+    }
 }
 
 static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(|| {

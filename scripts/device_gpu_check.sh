@@ -6,7 +6,8 @@
 #
 # The machine is bare: it needs the Vulkan loader (see the device README: download
 # libvulkan1 & co. into .gl/ here, carry .gl, unpack at the start) and the binaries built
-# here (same x86-64): carry target/release/forge and the three GPU test binaries.
+# here (same x86-64): carry target/release/forge and, where the 64 MiB carry allows, the
+# three GPU test binaries (missing ones are skipped).
 #   for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig; bash scripts/device_gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-./device-out}
@@ -18,7 +19,16 @@ FORGE=./target/release/forge
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     $FORGE devices
 } 2>&1 | tee "$OUT/devices.txt"
-# Parity and whole-model tests on the real adapter.
+# cpu and gpu in lockstep on every fixture checkpoint (f32 and f16 weights, f16 KV):
+# the max logit difference per step, and an error at the first differing argmax.
+for ck in tiny-gpt2 tiny-gpt2-hf-saved tiny-gpt2-f16; do
+    for flags in "" "--dtype f16" "--kv-dtype f16"; do
+        echo "== $ck $flags"
+        # shellcheck disable=SC2086
+        $FORGE generate -m tests/fixtures/$ck "Hello, I'm a language model," -n 40 --greedy --backend both $flags | tail -1
+    done
+done 2>&1 | tee "$OUT/lockstep.txt"
+# Parity and whole-model tests on the real adapter (when their binaries were carried).
 for t in backend_parity gpu_backend model_hf_gpu; do
     bin=$(ls target/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1)
     [ -n "$bin" ] && CI=true "$bin" --test-threads 1 --nocapture 2>&1 | grep -E "gpu|test result|panicked"

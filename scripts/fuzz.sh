@@ -35,13 +35,13 @@ echo "| target | executions | exec/s | coverage (edges) | features | corpus (fil
 echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
 for t in $TARGETS; do
     log="logs/$t.log"
-    runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    speed=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    cov=$(grep -o 'cov: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    ft=$(grep -o 'ft: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-    files=$(find "corpus/$t" -type f | wc -l)
+    runs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    speed=$(grep -ao 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    cov=$(grep -ao 'cov: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    ft=$(grep -ao 'ft: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    files=$(find "corpus/$t" -type f 2>/dev/null | wc -l || true)
     result=ok
-    if grep -qE 'ERROR: libFuzzer|==ERROR|panicked' "$log"; then result=FAILED; fi
+    if grep -aqE 'ERROR: libFuzzer|==ERROR|panicked' "$log"; then result=FAILED; fi
     echo "| $t | ${runs:-?} | ${speed:-?} | ${cov:-?} | ${ft:-?} | $files | $result |"
 done
 exit $status

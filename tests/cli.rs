@@ -340,6 +340,38 @@ fn flag_errors_come_before_devices_and_files() {
     }
 }
 
+/// Arguments that are not UTF-8, and flags that conflict, are refused before any model
+/// is looked up; a bad `--tokenizer-from` before any weights are written.
+#[cfg(unix)]
+#[test]
+fn bad_arguments_fail_before_any_work() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let o = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["generate", "-m", "/no/such/model"])
+        .arg(bad)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success() && err.starts_with("error: invalid UTF-8"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_clean_error(&forge(&["tokenize", "hi", "--jsonl", "-m", "/no/such/model"]), "--jsonl reads stdin");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = forge(&[
+        "random-model",
+        "--preset",
+        "distilgpt2",
+        "--out",
+        out.to_str().unwrap(),
+        "--tokenizer-from",
+        tmp.path().to_str().unwrap(),
+    ]);
+    assert_clean_error(&o, "--tokenizer-from");
+    assert!(!out.exists(), "nothing may be written when --tokenizer-from is bad");
+}
+
 /// A checkpoint whose weights are NaN must not "generate" a token: the run fails with an
 /// error naming the step, on every backend, greedy (device argmax on the gpu) or sampled.
 #[test]

@@ -146,6 +146,12 @@ fn degenerate_tokenizer_files_are_refused() {
     let empty = tokenizer_json_with(r#"[{"id": 50256, "content": "", "special": true}]"#);
     let err = Tokenizer::parse_tokenizer_json(p, &empty).err().unwrap().to_string();
     assert!(err.contains("empty content"), "{err}");
+    // Two special tokens on one id: "<|endoftext|>" would encode to an id that decodes as "<|x|>".
+    let shared = tokenizer_json_with(
+        r#"[{"id": 50256, "content": "<|endoftext|>", "special": true}, {"id": 50256, "content": "<|x|>", "special": true}]"#,
+    );
+    let err = Tokenizer::parse_tokenizer_json(p, &shared).err().unwrap().to_string();
+    assert!(err.contains("share id 50256"), "{err}");
     // Two vocabulary entries for one id: decoding could not give back the text.
     let text = std::fs::read_to_string(fixture("gpt2-tokenizer/vocab.json")).unwrap();
     let dup = text.replacen("{", "{\"zzzz-duplicate\": 100, ", 1);

@@ -46,43 +46,46 @@ fn f16_checkpoint_kept_as_f16_matches_hf() {
 #[test]
 fn lossy_formats_match_the_reference_fed_the_same_rounded_values() {
     let ckpt = "tiny-gpt2";
-    let isa = Isa::detect();
-    for (label, o, rounded) in [
-        (
-            "f16 weights",
-            opts(Some(WeightDtype::F16), false, isa),
-            RoundedReference { weights: WeightDtype::F16, kv_f16: false },
-        ),
-        (
-            "bf16 weights",
-            opts(Some(WeightDtype::BF16), false, isa),
-            RoundedReference { weights: WeightDtype::BF16, kv_f16: false },
-        ),
-        (
-            "f16 KV cache",
-            opts(Some(WeightDtype::F32), true, isa),
-            RoundedReference { weights: WeightDtype::F32, kv_f16: true },
-        ),
-        (
-            "f16 weights + f16 KV",
-            opts(Some(WeightDtype::F16), true, isa),
-            RoundedReference { weights: WeightDtype::F16, kv_f16: true },
-        ),
-    ] {
+    let isas: Vec<Isa> = avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect();
+    for (isa, (label, o, rounded)) in isas.iter().flat_map(|&isa| {
+        [
+            (
+                "f16 weights",
+                opts(Some(WeightDtype::F16), false, isa),
+                RoundedReference { weights: WeightDtype::F16, kv_f16: false },
+            ),
+            (
+                "bf16 weights",
+                opts(Some(WeightDtype::BF16), false, isa),
+                RoundedReference { weights: WeightDtype::BF16, kv_f16: false },
+            ),
+            (
+                "f16 KV cache",
+                opts(Some(WeightDtype::F32), true, isa),
+                RoundedReference { weights: WeightDtype::F32, kv_f16: true },
+            ),
+            (
+                "f16 weights + f16 KV",
+                opts(Some(WeightDtype::F16), true, isa),
+                RoundedReference { weights: WeightDtype::F16, kv_f16: true },
+            ),
+        ]
+        .map(|case| (isa, case))
+    }) {
         let e = cpu_engine(ckpt, o);
         let r = Engine::load_dir(rounded, &fixture(ckpt)).unwrap();
         let tol = lossy_tolerance(&rounded, ckpt);
         let err = max_logit_diff(&e, &r, ckpt);
         let (ok, n) = greedy_agreement(&e, &r, ckpt);
         eprintln!(
-            "cpu {label} on {ckpt}: max abs logit diff vs the rounded reference {err:.3e} (tolerance {tol:.1e}), \
+            "cpu {isa:?} {label} on {ckpt}: max abs logit diff vs the rounded reference {err:.3e} (tolerance {tol:.1e}), \
              greedy equal {ok}/{n}; \
              vs HF {:.3e}, greedy equal to HF {:?}",
             max_logit_error(&e, ckpt),
             greedy_matches(&e, ckpt)
         );
-        assert!(err < tol, "{label}: {err:e} (tolerance {tol:e})");
-        assert_eq!((ok, n), (8, 8), "{label}");
+        assert!(err < tol, "{isa:?} {label}: {err:e} (tolerance {tol:e})");
+        assert_eq!((ok, n), (8, 8), "{isa:?} {label}");
     }
 }
 

@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::cpu::simd;
-use batch_forge::backend::{Backend, SeqSlice};
+use batch_forge::backend::{Backend, NON_FINITE_ROW, SeqSlice};
+use batch_forge::engine::non_finite_message;
 use batch_forge::engine::sampler::{Rng, argmax};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::random::random_checkpoint;
@@ -157,11 +158,17 @@ fn bench_on<B: Backend>(
                                     LogitRows::LastOfEachSeq,
                                 )?;
                                 // Greedy, on the device when the backend can (as generate does).
-                                next = if backend.argmax_rows(&logits, &mut ids)? {
-                                    ids[0]
+                                let host = if backend.argmax_rows(&logits, &mut ids)? {
+                                    None
                                 } else {
-                                    argmax(backend.read(&logits)?.row(0))
+                                    Some(backend.read(&logits)?)
                                 };
+                                let finite = match &host {
+                                    Some(l) => l.data.iter().all(|v| v.is_finite()),
+                                    None => ids[0] != NON_FINITE_ROW,
+                                };
+                                anyhow::ensure!(finite, "{}", non_finite_message(pos, pos, None));
+                                next = host.map_or(ids[0], |l| argmax(l.row(0)));
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())

@@ -30,6 +30,11 @@ pub fn preset(name: &str) -> anyhow::Result<Gpt2Config> {
 
 pub fn run(args: RandomModelArgs) -> anyhow::Result<()> {
     let config = preset(&args.preset)?;
+    // A bad --tokenizer-from is reported before gigabytes of weights are written.
+    if let Some(src) = &args.tokenizer_from {
+        batch_forge::tokenizer::Tokenizer::from_dir(src)
+            .with_context(|| format!("--tokenizer-from {}: no usable tokenizer there", src.display()))?;
+    }
     std::fs::create_dir_all(&args.out).with_context(|| format!("cannot create {}", args.out.display()))?;
     std::fs::write(args.out.join("config.json"), config.to_json())?;
     let weights = args.out.join("model.safetensors");
@@ -43,7 +48,7 @@ pub fn run(args: RandomModelArgs) -> anyhow::Result<()> {
                 copied += 1;
             }
         }
-        anyhow::ensure!(copied > 0, "{} holds no tokenizer files", src.display());
+        anyhow::ensure!(copied > 0, "{} holds no tokenizer files", src.display()); // checked above
     }
     eprintln!("wrote {} ({} parameters) to {}", args.preset, config.n_params(), args.out.display());
     Ok(())

@@ -24,6 +24,8 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
+    // Flags first, before the model is looked up (which may reach for the Hub).
+    anyhow::ensure!(!(args.jsonl && args.text.is_some()), "--jsonl reads stdin; do not also pass TEXT");
     let dir = super::model_dir(&args.model, false)?;
     let tok = Tokenizer::from_dir(&dir)?;
     let encode = |s: &str| {
@@ -32,7 +34,6 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     if args.jsonl {
-        anyhow::ensure!(args.text.is_none(), "--jsonl reads stdin; do not also pass TEXT");
         for (n, line) in std::io::stdin().lock().lines().enumerate() {
             let line = line.with_context(|| format!("stdin line {}: not valid UTF-8", n + 1))?;
             if line.trim().is_empty() {

@@ -158,7 +158,14 @@ impl Tokenizer {
         if let Some((_, id)) = vocab.iter().find(|(s, _)| s.is_empty()) {
             return Err(format_err(path, format!("vocab token {id} is the empty string")));
         }
-        let special_ids: HashMap<u32, &str> = specials.iter().map(|(s, id)| (*id, s.as_str())).collect();
+        let mut special_ids: HashMap<u32, &str> = HashMap::with_capacity(specials.len());
+        for (s, id) in &specials {
+            if let Some(other) = special_ids.insert(*id, s.as_str())
+                && other != s
+            {
+                return Err(format_err(path, format!("special tokens {other:?} and {s:?} share id {id}")));
+            }
+        }
         let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.1)).max().unwrap_or(0);
         if max_id > 10_000_000 {
             return Err(format_err(path, format!("token id {max_id} is implausibly large")));

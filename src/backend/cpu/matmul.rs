@@ -513,7 +513,7 @@ mod tests {
 
     fn isas() -> Vec<Isa> {
         let mut v = vec![Isa::PORTABLE];
-        v.extend(Isa::avx2());
+        v.extend(simd::avx2_for_tests());
         v
     }
 

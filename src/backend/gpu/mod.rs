@@ -795,10 +795,10 @@ impl Backend for GpuBackend {
             let kv = cache.layers[layer].as_entire_buffer_binding();
             let k = &self.kernels;
             let (kv_store, attend) = if cache.f16 {
-                (
-                    k.kv_store_f16.as_ref().expect("an f16 cache implies shader-f16"),
-                    k.attend_f16.as_ref().expect("an f16 cache implies shader-f16"),
-                )
+                match (k.kv_store_f16.as_ref(), k.attend_f16.as_ref()) {
+                    (Some(store), Some(attend)) => (store, attend),
+                    _ => bail!("attention: an f16 KV cache on a backend without shader-f16 kernels"),
+                }
             } else {
                 (&k.kv_store, &k.attend)
             };
