@@ -9,7 +9,7 @@ mod common;
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::gpu::{GpuBackend, GpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, HostMatrix, KvCache, MatrixLayout, NON_FINITE_ROW, SeqSlice};
+use batch_forge::backend::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, NON_FINITE_ROW, SeqSlice};
 use batch_forge::compare::max_abs_diff;
 use batch_forge::engine::sampler::{Rng, argmax};
 use common::{tensor, view};
@@ -162,7 +162,7 @@ fn f16_kv_cache_takes_half_the_memory() {
     let h = f16_backend.new_kv_cache(n_layer, capacity, width).unwrap();
     assert_eq!(a.device_bytes(), (n_layer * 2 * capacity * width * 4) as u64);
     assert_eq!(h.device_bytes(), a.device_bytes() / 2);
-    assert_eq!((h.n_layer(), h.capacity(), h.width()), (n_layer, capacity, width));
+    assert_eq!(h.shape(), KvShape { n_layer, capacity, width });
     // Just over the largest binding in f32, under it in f16.
     let max = f32_backend.max_binding_bytes();
     let width = 1024;

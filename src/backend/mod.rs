@@ -44,15 +44,21 @@ impl WeightDtype {
     }
 }
 
+/// The size of a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    /// Layers it holds keys and values for.
+    pub n_layer: usize,
+    /// Positions it has room for.
+    pub capacity: usize,
+    /// Values per position and layer, for keys and for values each (the model width).
+    pub width: usize,
+}
+
 /// What every backend's KV cache knows about itself, so that a batch is checked against
 /// it before any kernel runs.
 pub trait KvCache: Send {
-    /// Layers it holds keys and values for.
-    fn n_layer(&self) -> usize;
-    /// Positions it has room for.
-    fn capacity(&self) -> usize;
-    /// Values per position and layer, for keys and for values each (the model width).
-    fn width(&self) -> usize;
+    fn shape(&self) -> KvShape;
 }
 
 /// The checks every backend's [`Backend::attention`] makes before touching a cache, so
@@ -77,15 +83,16 @@ pub fn check_attention<K: KvCache>(
             s.rows
         );
         covered = s.rows.end;
-        ensure!(cache.width() == c, "attention: KV cache width {} but the model width is {c}", cache.width());
-        ensure!(layer < cache.n_layer(), "attention: layer {layer} but the KV cache has {} layers", cache.n_layer());
+        let shape = cache.shape();
+        ensure!(shape.width == c, "attention: KV cache width {} but the model width is {c}", shape.width);
+        ensure!(layer < shape.n_layer, "attention: layer {layer} but the KV cache has {} layers", shape.n_layer);
         let end = s.start_pos.checked_add(s.rows.len());
         ensure!(
-            end.is_some_and(|e| e <= cache.capacity()),
+            end.is_some_and(|e| e <= shape.capacity),
             "attention: positions {}..{} do not fit the KV cache of {} positions",
             s.start_pos,
             end.map_or("overflow".to_owned(), |e| e.to_string()),
-            cache.capacity()
+            shape.capacity
         );
     }
     ensure!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");

@@ -8,7 +8,7 @@
 use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, check_attention};
+use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
 use crate::loaders::safetensors::TensorView;
 
 /// Output columns per parallel task in `linear`.
@@ -33,14 +33,8 @@ pub struct RefKvCache {
 }
 
 impl KvCache for RefKvCache {
-    fn n_layer(&self) -> usize {
-        self.layers.len()
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn width(&self) -> usize {
-        self.width
+    fn shape(&self) -> KvShape {
+        KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
     }
 }
 

@@ -170,18 +170,19 @@ impl<B: Backend> Gpt2<B> {
                     cfg.n_positions
                 );
             };
+            let shape = cache.shape();
             ensure!(
-                cache.n_layer() == cfg.n_layer && cache.width() == cfg.n_embd,
+                shape.n_layer == cfg.n_layer && shape.width == cfg.n_embd,
                 "KV cache of {} layers × {} does not fit this model ({} layers × {})",
-                cache.n_layer(),
-                cache.width(),
+                shape.n_layer,
+                shape.width,
                 cfg.n_layer,
                 cfg.n_embd
             );
             ensure!(
-                end <= cache.capacity(),
+                end <= shape.capacity,
                 "sequence of {end} tokens does not fit its KV cache of {} positions",
-                cache.capacity()
+                shape.capacity
             );
             for (i, r) in s.rows.clone().enumerate() {
                 positions[r] = (s.start_pos + i) as u32;

@@ -19,7 +19,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, WeightDtype, check_attention};
+use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention};
 use crate::loaders::safetensors::{Dtype, TensorView};
 pub use matmul::PackedMatrix;
 use matmul::{Causal, Epilogue, matmul, matmul_causal};
@@ -138,14 +138,8 @@ pub struct CpuKvCache {
 }
 
 impl KvCache for CpuKvCache {
-    fn n_layer(&self) -> usize {
-        self.layers.len()
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn width(&self) -> usize {
-        self.width
+    fn shape(&self) -> KvShape {
+        KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
     }
 }
 

@@ -27,7 +27,7 @@ use anyhow::{Context, bail, ensure};
 use wgpu::util::DeviceExt;
 
 use super::WeightDtype;
-use super::{Backend, HostMatrix, KvCache, MatrixLayout, SeqSlice, check_attention};
+use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
 use crate::loaders::safetensors::{Dtype, TensorView};
 use kernels::{Kernel, Kernels};
 
@@ -555,14 +555,8 @@ pub struct GpuKvCache {
 }
 
 impl KvCache for GpuKvCache {
-    fn n_layer(&self) -> usize {
-        self.layers.len()
-    }
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-    fn width(&self) -> usize {
-        self.width
+    fn shape(&self) -> KvShape {
+        KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
     }
 }
 
