@@ -155,3 +155,24 @@ pub fn sampler(data: &[u8]) {
         }
     }
 }
+
+/// Any bytes as a GGUF file: validated or an error (never a panic, a hang or a huge
+/// allocation); every tensor of an accepted file lies inside the file, aligned, with
+/// exactly the bytes its type and dimensions need, and no two overlap.
+pub fn gguf(data: &[u8]) {
+    use batch_forge::loaders::gguf::GgufFile;
+    let Ok(g) = GgufFile::from_bytes("fuzz", data.to_vec()) else { return };
+    let h = g.header();
+    assert!(h.alignment.is_power_of_two() && h.data_start % h.alignment == 0);
+    let mut spans = Vec::new();
+    for t in g.tensor_infos() {
+        let bytes = g.tensor(&t.name).expect("listed tensors exist").bytes;
+        assert_eq!(bytes.len() as u64, t.n_bytes);
+        assert_eq!(t.ggml_type.bytes_for(t.n_elements()), Some(t.n_bytes));
+        assert_eq!(t.offset % h.alignment, 0);
+        assert!(h.data_start + t.offset + t.n_bytes <= data.len() as u64);
+        spans.push((t.offset, t.offset + t.n_bytes));
+    }
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping tensors accepted");
+}

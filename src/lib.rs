@@ -8,10 +8,12 @@
 //!   (plain Rust), the fast CPU backend (SIMD, threads) and the GPU backend (WGSL).
 //! - [`engine`]: KV caches, prefill/decode loop, sampling, lockstep comparison.
 //! - [`compare`]: NaN-propagating error measures shared by the tests and the engine.
+//! - [`quant`]: GGUF block formats, decoded to f32 (the reference for quantized kernels).
 
 pub mod backend;
 pub mod compare;
 pub mod engine;
 pub mod loaders;
 pub mod model;
+pub mod quant;
 pub mod tokenizer;

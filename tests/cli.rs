@@ -416,3 +416,31 @@ fn non_finite_logits_are_an_error_naming_the_step() {
         }
     }
 }
+
+/// `forge inspect` on GGUF and safetensors files, and clean errors for anything else.
+#[test]
+fn inspect_prints_metadata_and_tensor_tables() {
+    let gguf = fixture("gguf/types.gguf");
+    let o = forge(&["inspect", gguf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("GGUF v3, 16 metadata keys, 6 tensors, alignment 32"), "{out}");
+    assert!(out.contains("| general.name | string | \"fixture — ünïcode ✓\" |"), "{out}");
+    assert!(
+        out.contains("| t.strings | array[4] of string | [\"a\", \"\", \"Ġthe\", \"<\\|im_start\\|>\"] |"),
+        "{out}"
+    );
+    assert!(out.contains("| f32 | F32 | [3, 5] | 60 |") && out.contains("| q6k | Q6_K | [2, 256] | 420 |"), "{out}");
+    let st = fixture("tiny-gpt2/model.safetensors");
+    let o = forge(&["inspect", st.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("| wte.weight | F32 | [50257, 64] | 12865792 |"), "{}", stdout(&o));
+    // A truncated GGUF, a directory, a missing file.
+    let tmp = tempfile::tempdir().unwrap();
+    let cut = tmp.path().join("cut.gguf");
+    let bytes = std::fs::read(&gguf).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
+    assert_clean_error(&forge(&["inspect", cut.to_str().unwrap()]), "run past the end of the data");
+    assert_clean_error(&forge(&["inspect", tmp.path().to_str().unwrap()]), "not a file");
+    assert_clean_error(&forge(&["inspect", "/no/such.gguf"]), "not a file");
+}

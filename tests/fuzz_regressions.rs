@@ -59,3 +59,8 @@ fn stream_decoder() {
 fn sampler() {
     replay("sampler", checks::sampler);
 }
+
+#[test]
+fn gguf() {
+    replay("gguf", checks::gguf);
+}

@@ -3,6 +3,7 @@
 mod bench;
 mod devices;
 mod generate;
+mod inspect;
 mod random_model;
 mod tokenize;
 
@@ -33,6 +34,8 @@ enum Command {
     RandomModel(random_model::RandomModelArgs),
     /// List the GPU adapters the gpu backend can use, with their API and limits.
     Devices,
+    /// Print the metadata and tensor table of a GGUF or safetensors file.
+    Inspect(inspect::InspectArgs),
 }
 
 /// Which implementation runs the model.
@@ -180,6 +183,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::RandomModel(a) => random_model::run(a),
         Command::Devices => devices::run(),
+        Command::Inspect(a) => inspect::run(a),
     }
 }
 

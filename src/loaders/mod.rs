@@ -1,7 +1,8 @@
-//! Everything that turns files into memory: safetensors, config.json, model folders,
+//! Everything that turns files into memory: safetensors, GGUF, config.json, model folders,
 //! and the Hugging Face Hub cache/download.
 
 pub mod config;
+pub mod gguf;
 pub mod hub;
 pub mod safetensors;
 pub mod weights;
