@@ -18,12 +18,22 @@
 //! | Q5_K | 256 | 176 | as Q4_K plus 32 bytes of fifth bits |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 × i8 scales (sub-blocks of 16), d f16 |
 
-use half::{bf16, f16};
+use half::f16;
 
 use crate::loaders::gguf::GgmlType;
 
+/// f16 → f32, exact; a NaN keeps its payload and signalling bit (as numpy's cast does;
+/// the `half` crate quiets it).
+fn f16_to_f32(bits: u16) -> f32 {
+    let (sign, exp, man) = (u32::from(bits >> 15), (bits >> 10) & 0x1F, u32::from(bits & 0x3FF));
+    if exp == 0x1F && man != 0 {
+        return f32::from_bits(sign << 31 | 0x7F80_0000 | man << 13);
+    }
+    f16::from_bits(bits).to_f32()
+}
+
 fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
 }
 
 /// The formats [`dequantize`] decodes.
@@ -43,6 +53,9 @@ pub const SUPPORTED: [GgmlType; 11] = [
 
 /// Decode `data` (whole blocks of `ty`) into f32 values.
 pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
+    if !SUPPORTED.contains(&ty) {
+        return Err(format!("dequantizing {} is not supported", ty.name()));
+    }
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
     if !data.len().is_multiple_of(ts) {
         return Err(format!("{} bytes are not whole {} blocks of {ts} bytes", data.len(), ty.name()));
@@ -52,7 +65,10 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
     match ty {
         GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         GgmlType::F16 => blocks.for_each(|(b, y)| y[0] = f16_at(b, 0)),
-        GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        // bf16 is the top half of an f32: exact, NaN payloads included.
+        GgmlType::BF16 => {
+            blocks.for_each(|(b, y)| y[0] = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+        }
         GgmlType::Q8_0 => blocks.for_each(|(b, y)| q8_0(b, y)),
         GgmlType::Q4_0 => blocks.for_each(|(b, y)| q4_0(b, y)),
         GgmlType::Q4_1 => blocks.for_each(|(b, y)| q4_1(b, y)),
@@ -61,7 +77,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
         GgmlType::Q4K => blocks.for_each(|(b, y)| q4_k(b, y)),
         GgmlType::Q5K => blocks.for_each(|(b, y)| q5_k(b, y)),
         GgmlType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
-        other => return Err(format!("dequantizing {} is not supported", other.name())),
+        other => unreachable!("{} is checked against SUPPORTED above", other.name()),
     }
     Ok(out)
 }

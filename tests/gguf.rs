@@ -103,8 +103,8 @@ fn checks_another_file_when_asked() {
     check(Path::new(file), Path::new(dump));
 }
 
-/// Every prefix of a valid file is refused with an error (never a panic), and so is
-/// every single-byte corruption of its header that changes what it says.
+/// Every prefix of a valid file is refused with an error, and no single-byte corruption
+/// of its header panics (it is an error or, where the byte is free, another valid file).
 #[test]
 fn truncations_and_corruptions_are_errors() {
     let bytes = std::fs::read(common::fixture("gguf/types.gguf")).unwrap();

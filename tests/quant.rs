@@ -19,9 +19,10 @@ fn every_format_equals_gguf_py_bit_for_bit() {
             .collect();
         let got = dequantize(ty, &blocks).unwrap();
         assert_eq!(got.len(), want.len(), "{}", ty.name());
-        let bad = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+        // Bits, not values: NaN payloads, infinities and signed zeros must match too.
+        let bad = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
         if let Some(i) = bad {
-            panic!("{}: value {i} is {} but gguf-py gives {}", ty.name(), got[i], want[i]);
+            panic!("{}: value {i} is {:#x} but gguf-py gives {:#x}", ty.name(), got[i].to_bits(), want[i].to_bits());
         }
         eprintln!("{}: {} values equal to gguf-py", ty.name(), got.len());
     }

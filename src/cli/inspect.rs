@@ -47,7 +47,7 @@ fn gguf(args: &InspectArgs) -> anyhow::Result<()> {
     outln!("| key | type | value |");
     outln!("| --- | --- | --- |");
     for (k, v) in g.metadata() {
-        outln!("| {k} | {} | {} |", type_label(v), show(v, args.full));
+        outln!("| {} | {} | {} |", k.escape_debug(), type_label(v), show(v, args.full));
     }
     outln!();
     outln!("| tensor | type | shape | bytes |");
@@ -56,7 +56,7 @@ fn gguf(args: &InspectArgs) -> anyhow::Result<()> {
     for t in g.tensor_infos() {
         // PyTorch order (outermost first), as safetensors and HF show shapes.
         let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
-        outln!("| {} | {} | {shape:?} | {} |", t.name, t.ggml_type.name(), t.n_bytes);
+        outln!("| {} | {} | {shape:?} | {} |", t.name.escape_debug(), t.ggml_type.name(), t.n_bytes);
         total += t.n_bytes;
     }
     outln!();

@@ -15,6 +15,10 @@
 //! dimension, as ggml's `ne[0]`: a `[rows, cols]` PyTorch matrix is stored with
 //! `dims = [cols, rows]`.
 //!
+//! Tensors may lie in the data section in any order, with gaps, as long as each is
+//! aligned, in bounds and overlaps no other (llama.cpp is stricter: table order, each
+//! at the padded end of the one before, names under 64 bytes); strings must be UTF-8.
+//!
 //! Every count, length, type, dimension, the alignment and every offset is checked
 //! against the file before use, with checked arithmetic: a count is never trusted for
 //! an allocation until the bytes it claims are known to be there, so a hostile file
@@ -30,6 +34,9 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// Arrays nest at most this deep (real files use one level).
 const MAX_ARRAY_DEPTH: usize = 3;
+/// Most entries reserved ahead from a count read from the file; beyond it, collections
+/// grow only as entries actually parse.
+const RESERVE_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{path}: {msg}")]
@@ -74,10 +81,12 @@ pub enum GgmlType {
     Tq1_0,
     Tq2_0,
     Mxfp4,
+    Nvfp4,
+    Q1_0,
 }
 
 impl GgmlType {
-    const ALL: [GgmlType; 32] = [
+    const ALL: [GgmlType; 34] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
@@ -110,6 +119,8 @@ impl GgmlType {
         GgmlType::Tq1_0,
         GgmlType::Tq2_0,
         GgmlType::Mxfp4,
+        GgmlType::Nvfp4,
+        GgmlType::Q1_0,
     ];
 
     /// (ggml id, name, elements per block, bytes per block).
@@ -149,6 +160,8 @@ impl GgmlType {
             Tq1_0 => (34, "TQ1_0", QK_K, 2 + 4 * 13),
             Tq2_0 => (35, "TQ2_0", QK_K, 2 + 64),
             Mxfp4 => (39, "MXFP4", 32, 1 + 16),
+            Nvfp4 => (40, "NVFP4", 64, 4 + 32),
+            Q1_0 => (41, "Q1_0", 128, 2 + 16),
         }
     }
 
@@ -354,8 +367,10 @@ impl<'a> Reader<'a> {
             .map_err(|e| format!("{what} at byte {at} is not valid UTF-8 ({e})"))
     }
 
-    fn value(&mut self, ty: u32, depth: usize, key: &str) -> Result<MetaValue, String> {
-        let what = &format!("value of {key:?}");
+    /// One value of type `ty`. Messages name no key (the caller adds it once, on error):
+    /// formatting it per element would make a long key times a long array quadratic.
+    fn value(&mut self, ty: u32, depth: usize) -> Result<MetaValue, String> {
+        let what = "value";
         Ok(match ty {
             0 => MetaValue::U8(self.array::<1>(what)?[0]),
             1 => MetaValue::I8(i8::from_le_bytes(self.array(what)?)),
@@ -367,26 +382,28 @@ impl<'a> Reader<'a> {
             7 => match self.array::<1>(what)?[0] {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                b => return Err(format!("{what}: bool byte {b} is neither 0 nor 1")),
+                b => return Err(format!("bool byte {b} is neither 0 nor 1")),
             },
             8 => MetaValue::String(self.string(what)?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(format!("{what}: arrays nested deeper than {MAX_ARRAY_DEPTH}"));
+                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"));
                 }
                 let elem = self.u32(what)?;
-                let min = min_value_bytes(elem).ok_or_else(|| format!("{what}: unknown array element type {elem}"))?;
-                let n = self.count(min, &format!("element count of {key:?}"))?;
-                let mut items = Vec::with_capacity(n);
+                let min = min_value_bytes(elem).ok_or_else(|| format!("unknown array element type {elem}"))?;
+                let n = self.count(min, "array element count")?;
+                // Grown as elements parse, never reserved from the count: an element is
+                // far larger in memory than its smallest encoding.
+                let mut items = Vec::with_capacity(n.min(RESERVE_MAX));
                 for _ in 0..n {
-                    items.push(self.value(elem, depth + 1, key)?);
+                    items.push(self.value(elem, depth + 1)?);
                 }
                 MetaValue::Array(items)
             }
             10 => MetaValue::U64(self.u64(what)?),
             11 => MetaValue::I64(i64::from_le_bytes(self.array(what)?)),
             12 => MetaValue::F64(f64::from_le_bytes(self.array(what)?)),
-            other => return Err(format!("{what}: unknown value type {other}")),
+            other => return Err(format!("unknown value type {other}")),
         })
     }
 }
@@ -415,19 +432,19 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, String> {
     match version {
         2 | 3 => {}
         1 => return Err("GGUF version 1 is not supported (convert it again with a current llama.cpp)".into()),
-        v if v.swap_bytes() <= 3 => return Err("big-endian GGUF files are not supported".into()),
+        v if (1..=3).contains(&v.swap_bytes()) => return Err("big-endian GGUF files are not supported".into()),
         v => return Err(format!("GGUF version {v} is not supported (2 and 3 are)")),
     }
     // Bound the counts by the smallest encoding of an entry before reserving anything.
     let n_tensors = r.count(8 + 4 + 4 + 8, "tensor count")?;
     let n_kv = r.count(8 + 4 + 1, "metadata count")?;
 
-    let mut metadata = Vec::with_capacity(n_kv);
-    let mut seen = HashMap::with_capacity(n_kv);
+    let mut metadata = Vec::with_capacity(n_kv.min(RESERVE_MAX));
+    let mut seen = HashMap::with_capacity(n_kv.min(RESERVE_MAX));
     for i in 0..n_kv {
         let key = r.string(&format!("metadata key {i}"))?;
         let ty = r.u32(&format!("type of {key:?}"))?;
-        let value = r.value(ty, 0, &key)?;
+        let value = r.value(ty, 0).map_err(|e| format!("metadata {key:?}: {e}"))?;
         if seen.insert(key.clone(), ()).is_some() {
             return Err(format!("metadata key {key:?} appears twice"));
         }
@@ -439,8 +456,8 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, String> {
         Some((_, v)) => return Err(format!("general.alignment must be a power-of-two u32, got {v:?}")),
     };
 
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut names = HashMap::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(n_tensors.min(RESERVE_MAX));
+    let mut names = HashMap::with_capacity(n_tensors.min(RESERVE_MAX));
     for i in 0..n_tensors {
         let name = r.string(&format!("name of tensor {i}"))?;
         let n_dims = r.u32(&format!("dimension count of {name:?}"))? as usize;
@@ -455,6 +472,9 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, String> {
         let ggml_type =
             GgmlType::from_id(type_id).ok_or_else(|| format!("tensor {name:?} has unknown ggml type {type_id}"))?;
         let offset = r.u64(&format!("offset of {name:?}"))?;
+        if let Some(d) = dims.iter().find(|&&d| d > i64::MAX as u64) {
+            return Err(format!("tensor {name:?}: dimension {d} is negative as ggml's int64"));
+        }
         let n_elements = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
@@ -628,6 +648,31 @@ mod tests {
         b
     }
 
+    fn array_of(elem: u32, n: u64, body: &[u8]) -> Vec<u8> {
+        let mut v = elem.to_le_bytes().to_vec();
+        v.extend(n.to_le_bytes());
+        v.extend(body);
+        v
+    }
+
+    /// Arrays of one array each, `depth` deep, ending in an empty u8 array.
+    fn nested(depth: usize) -> Vec<u8> {
+        (1..depth).fold(array_of(0, 0, &[]), |inner, _| array_of(9, 1, &inner))
+    }
+
+    #[test]
+    fn long_keys_and_long_arrays_parse_in_linear_time() {
+        // A 64 KiB key over a 64 Ki-element array: formatting the key per element (as an
+        // earlier version did) made this 4 GiB of work.
+        let key = "k".repeat(1 << 16);
+        let body = vec![7u8; 1 << 16];
+        let f = file(3, &[(&key, 9, array_of(0, 1 << 16, &body))], &[], &[]);
+        let g = GgufFile::from_bytes("t", f).unwrap();
+        assert_eq!(g.get(&key).unwrap().as_array().unwrap().len(), 1 << 16);
+        assert_eq!(nested(3).len(), 36);
+        assert!(parse_header(&file(3, &[("k", 9, nested(3))], &[], &[])).is_ok());
+    }
+
     fn string(s: &str) -> Vec<u8> {
         let mut v = (s.len() as u64).to_le_bytes().to_vec();
         v.extend(s.as_bytes());
@@ -677,19 +722,24 @@ mod tests {
             (file(0x0300_0000, &[], &[], &[]), "big-endian"),
             (huge_count, "tensor count"),
             (huge_string, "metadata key 0"),
-            (file(3, &[("k", 99, vec![])], &[], &[]), "unknown value type 99"),
+            (file(3, &[("k", 99, vec![])], &[], &[]), "metadata \"k\": unknown value type 99"),
             (file(3, &[("k", 7, vec![2])], &[], &[]), "neither 0 nor 1"),
             (file(3, &[("k", 4, vec![1, 0, 0, 0]), ("k", 4, vec![1, 0, 0, 0])], &[], &[]), "appears twice"),
             (file(3, &[("general.alignment", 4, 3u32.to_le_bytes().to_vec())], &[], &[]), "power-of-two"),
             (file(3, &[], &[("w", &[4], 77, 0)], &[0; 16]), "unknown ggml type 77"),
             (file(3, &[], &[("w", &[1, 1, 1, 1, 1], 0, 0)], &[0; 4]), "at most 4"),
-            (file(3, &[], &[("w", &[u64::MAX, 2], 0, 0)], &[]), "overflow"),
+            (file(3, &[], &[("w", &[1 << 40, 1 << 40], 0, 0)], &[]), "overflow"),
             (file(3, &[], &[("w", &[33], 8, 0)], &[0; 64]), "block size"),
             (file(3, &[], &[("w", &[4], 0, 16)], &[0; 64]), "alignment"),
             (file(3, &[], &[("w", &[4], 0, 0)], &[0; 8]), "past the end"),
             (file(3, &[], &[("w", &[4], 0, 0), ("v", &[16], 0, 0)], &[0; 64]), "overlap"),
             (file(3, &[], &[("w", &[4], 0, 0), ("w", &[4], 0, 32)], &[0; 64]), "appears twice"),
             (file(3, &[("k", 8, vec![2, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xfe])], &[], &[]), "UTF-8"),
+            (file(0, &[], &[], &[]), "version 0 is not supported"),
+            (file(3, &[], &[("w", &[0, u64::MAX], 0, 0)], &[]), "negative"),
+            (file(3, &[("k", 9, nested(4))], &[], &[]), "nested deeper"),
+            (file(3, &[("k", 9, array_of(0, u64::MAX, &[]))], &[], &[]), "array element count"),
+            (file(3, &[("k", 9, array_of(8, 1 << 40, &[0; 64]))], &[], &[]), "array element count"),
         ];
         for (bytes, want) in cases {
             let e = parse_header(&bytes).unwrap_err();
