@@ -35,8 +35,8 @@ echo "| target | executions | exec/s | coverage (edges) | features | corpus (fil
 echo "| --- | ---: | ---: | ---: | ---: | ---: | --- |"
 for t in $TARGETS; do
     log="logs/$t.log"
-    runs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
-    speed=$(grep -ao 'stat::average_exec_per_sec: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
+    speed=$(grep -ao 'stat::average_exec_per_sec: *[0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
     cov=$(grep -ao 'cov: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
     ft=$(grep -ao 'ft: [0-9]*' "$log" | awk '{print $2}' | tail -1 || true)
     files=$(find "corpus/$t" -type f 2>/dev/null | wc -l || true)
