@@ -12,4 +12,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export MIRIFLAGS="${MIRIFLAGS:--Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks}"
 cargo +nightly miri test --lib --no-default-features -- \
-    loaders::safetensors backend::cpu backend::reference tokenizer engine::sampler compare loaders::config "$@"
+    loaders::safetensors loaders::gguf backend::cpu backend::reference tokenizer engine::sampler compare loaders::config "$@"

@@ -248,9 +248,14 @@ mod tests {
         // torch.nn.functional.gelu(x, approximate="tanh")
         assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-6);
         assert!((gelu_tanh(-0.5) - -0.154_286).abs() < 1e-6);
-        assert_eq!(gelu_tanh(1e3), 1e3);
-        assert_eq!(gelu_tanh(-1e3), 0.0);
-        assert_eq!(gelu_tanh(3e38), 3e38);
+        // Miri models libm's tanh as a few ulp imprecise (tanh(huge) may be 1 - 2^-24);
+        // real libms return exactly ±1 there, so the exact checks hold outside miri.
+        let exact = |got: f32, want: f32| {
+            if cfg!(miri) { (got - want).abs() <= 1e-6 * want.abs().max(1e-30) } else { got == want }
+        };
+        assert!(exact(gelu_tanh(1e3), 1e3));
+        assert!(exact(gelu_tanh(-1e3), 0.0) || (cfg!(miri) && gelu_tanh(-1e3).abs() < 1e-3));
+        assert!(exact(gelu_tanh(3e38), 3e38));
     }
 
     #[test]
