@@ -28,6 +28,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::Backing;
+
 /// GGUF's default data alignment.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's limit on tensor dimensions.
@@ -526,22 +528,6 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, String> {
         }
     }
     Ok(GgufHeader { version, metadata, tensors, alignment, data_start })
-}
-
-/// The bytes of a file: memory-mapped from disk, or in memory.
-enum Backing {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Backing {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
-        }
-    }
 }
 
 /// A borrowed tensor: its table entry and its bytes (any alignment).

@@ -14,6 +14,24 @@ use anyhow::{Context, bail};
 pub use config::Gpt2Config;
 pub use weights::WeightStore;
 
+/// The bytes of a model file: memory-mapped from disk, or built in memory (random
+/// weights, tests, fuzzing). Readers validate a header against these bytes once and
+/// then index them freely.
+pub(crate) enum Backing {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
 /// The default model: GPT-2 124M on the Hub.
 pub const DEFAULT_MODEL: &str = "openai-community/gpt2";
 

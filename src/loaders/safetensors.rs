@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use super::Backing;
+
 use serde_json::Value;
 
 /// The format's own limit on the JSON header (100 MB).
@@ -246,22 +248,6 @@ impl TensorView<'_> {
                 return Err(format!("tensor {:?} has dtype {}, expected an integer type", self.name, other.name()));
             }
         })
-    }
-}
-
-/// The bytes of a file: memory-mapped from disk, or built in memory (random weights).
-enum Backing {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Backing {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
-        }
     }
 }
 
