@@ -21,6 +21,11 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     worst
 }
 
+/// `max` that keeps a NaN (`f32::max` drops it), for folding error measures.
+pub fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
+}
+
 /// Normalised error of `got` against `want`, as llama.cpp's test-backend-ops measures it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ErrorStats {
@@ -80,5 +85,7 @@ mod tests {
         assert!(!nan.within(1.0, 1.0));
         assert!(!error_stats(&[1.0], &[1.0, 1.0]).within(1.0, 1.0));
         assert!(error_stats(&[1.0, 2.0], &[1.0, 2.0]).within(0.0, 0.0));
+        assert!(nan_max(0.0, f32::NAN).is_nan() && nan_max(f32::NAN, 1.0).is_nan());
+        assert_eq!(nan_max(1.0, 2.0), 2.0);
     }
 }

@@ -19,7 +19,8 @@
 
 mod common;
 
-use common::{avx2_or_skip, round_to, tensor, view};
+use batch_forge::backend::cpu::simd::avx2_or_skip;
+use common::{round_to, tensor, view};
 
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};

@@ -25,42 +25,14 @@ fn replay(target: &str, check: fn(&[u8])) {
     assert!(n > 0, "{target}: no seeds found under fuzz/seeds/{target}");
 }
 
-#[test]
-fn safetensors() {
-    replay("safetensors", checks::safetensors);
+/// One test per fuzz target, named after it.
+macro_rules! replay_targets {
+    ($($target:ident),* $(,)?) => {$(
+        #[test]
+        fn $target() {
+            replay(stringify!($target), checks::$target);
+        }
+    )*};
 }
 
-#[test]
-fn config_json() {
-    replay("config_json", checks::config_json);
-}
-
-#[test]
-fn tokenizer_json() {
-    replay("tokenizer_json", checks::tokenizer_json);
-}
-
-#[test]
-fn vocab_merges() {
-    replay("vocab_merges", checks::vocab_merges);
-}
-
-#[test]
-fn bpe_roundtrip() {
-    replay("bpe_roundtrip", checks::bpe_roundtrip);
-}
-
-#[test]
-fn stream_decoder() {
-    replay("stream_decoder", checks::stream_decoder);
-}
-
-#[test]
-fn sampler() {
-    replay("sampler", checks::sampler);
-}
-
-#[test]
-fn gguf() {
-    replay("gguf", checks::gguf);
-}
+replay_targets!(safetensors, config_json, tokenizer_json, vocab_merges, bpe_roundtrip, stream_decoder, sampler, gguf);

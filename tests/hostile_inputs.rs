@@ -5,7 +5,8 @@ mod common;
 
 use std::path::Path;
 
-use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
+use batch_forge::backend::cpu::simd::isas_or_skip;
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, HostMatrix, SeqSlice};
 use batch_forge::engine::Engine;
@@ -94,7 +95,7 @@ fn greedy(n: usize) -> batch_forge::engine::GenerateParams {
 #[test]
 fn forward_misuse_is_an_error_on_the_cpu_backends() {
     forward_misuse_is_an_error(&engine("tiny-gpt2"));
-    let isas: Vec<Isa> = avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect();
+    let isas = isas_or_skip();
     for isa in isas {
         for kv_f16 in [false, true] {
             forward_misuse_is_an_error(&cpu_engine("tiny-gpt2", CpuOptions { kv_f16, isa, ..Default::default() }));

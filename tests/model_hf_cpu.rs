@@ -4,6 +4,7 @@
 mod common;
 
 use batch_forge::backend::WeightDtype;
+use batch_forge::backend::cpu::simd::isas_or_skip;
 use batch_forge::backend::cpu::{CpuOptions, Isa};
 use batch_forge::engine::Engine;
 use common::*;
@@ -14,7 +15,7 @@ fn opts(weight_dtype: Option<WeightDtype>, kv_f16: bool, isa: Isa) -> CpuOptions
 
 #[test]
 fn f32_matches_hf_greedy_ids_and_logits_on_every_checkpoint() {
-    let isas: Vec<Isa> = avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect();
+    let isas = isas_or_skip();
     for isa in isas {
         for ckpt in ["tiny-gpt2", "tiny-gpt2-hf-saved"] {
             let e = cpu_engine(ckpt, opts(Some(WeightDtype::F32), false, isa));
@@ -46,7 +47,7 @@ fn f16_checkpoint_kept_as_f16_matches_hf() {
 #[test]
 fn lossy_formats_match_the_reference_fed_the_same_rounded_values() {
     let ckpt = "tiny-gpt2";
-    let isas: Vec<Isa> = avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect();
+    let isas = isas_or_skip();
     for (isa, (label, o, rounded)) in isas.iter().flat_map(|&isa| {
         [
             (

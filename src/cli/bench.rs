@@ -10,9 +10,9 @@ use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::cpu::simd;
-use batch_forge::backend::{Backend, NON_FINITE_ROW, SeqSlice};
-use batch_forge::engine::non_finite_message;
-use batch_forge::engine::sampler::{Rng, argmax};
+use batch_forge::backend::{Backend, SeqSlice};
+use batch_forge::engine::sampler::Rng;
+use batch_forge::engine::{SamplingParams, TokenPicker};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, Gpt2, LogitRows};
@@ -148,7 +148,8 @@ fn bench_on<B: Backend>(
                             backend.read(&logits)?;
                         } else {
                             let mut next = tokens[0];
-                            let mut ids = Vec::with_capacity(1);
+                            // Greedy, on the device when the backend can (as generate does).
+                            let mut picker = TokenPicker::new(SamplingParams::greedy())?;
                             for pos in 0..n {
                                 let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
                                 let logits = model.forward(
@@ -157,18 +158,7 @@ fn bench_on<B: Backend>(
                                     &mut [&mut cache],
                                     LogitRows::LastOfEachSeq,
                                 )?;
-                                // Greedy, on the device when the backend can (as generate does).
-                                let host = if backend.argmax_rows(&logits, &mut ids)? {
-                                    None
-                                } else {
-                                    Some(backend.read(&logits)?)
-                                };
-                                let finite = match &host {
-                                    Some(l) => l.data.iter().all(|v| v.is_finite()),
-                                    None => ids[0] != NON_FINITE_ROW,
-                                };
-                                anyhow::ensure!(finite, "{}", non_finite_message(pos, pos, None));
-                                next = host.map_or(ids[0], |l| argmax(l.row(0)));
+                                next = picker.pick(&backend, &logits, pos, pos)?;
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())

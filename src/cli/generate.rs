@@ -116,10 +116,7 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
             s.max_abs_diff
         );
     }
-    let worst = steps
-        .iter()
-        .map(|s| s.max_abs_diff)
-        .fold(0f32, |w, d| if d.is_nan() || w.is_nan() { f32::NAN } else { w.max(d) });
+    let worst = steps.iter().map(|s| s.max_abs_diff).fold(0f32, batch_forge::compare::nan_max);
     super::outln!("cpu and gpu agree on every argmax; max abs logit diff over all steps {worst:.3e}");
     Ok(())
 }

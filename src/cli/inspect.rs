@@ -22,12 +22,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let path = &args.file;
     anyhow::ensure!(path.is_file(), "{}: not a file (expected a .gguf or .safetensors file)", path.display());
     let mut magic = [0u8; 4];
-    {
-        use std::io::Read;
-        let mut f = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("{}: cannot open: {e}", path.display()))?;
-        let n = f.read(&mut magic)?;
-        anyhow::ensure!(n == 4, "{}: {n} bytes, too short for GGUF or safetensors", path.display());
-    }
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .map_err(|e| anyhow::anyhow!("{}: cannot read a GGUF or safetensors header: {e}", path.display()))?;
     if &magic == b"GGUF" { gguf(&args) } else { safetensors(&args) }
 }
 
@@ -117,7 +114,7 @@ fn safetensors(args: &InspectArgs) -> anyhow::Result<()> {
     outln!("| key | value |");
     outln!("| --- | --- |");
     for (k, v) in f.metadata() {
-        outln!("| {k} | {v:?} |");
+        outln!("| {} | {v:?} |", k.escape_debug());
     }
     outln!();
     outln!("| tensor | type | shape | bytes |");
@@ -125,7 +122,7 @@ fn safetensors(args: &InspectArgs) -> anyhow::Result<()> {
     let mut total = 0u64;
     for n in &names {
         let t = f.get(n).expect("listed");
-        outln!("| {n} | {} | {:?} | {} |", t.dtype.name(), t.shape, t.bytes.len());
+        outln!("| {} | {} | {:?} | {} |", n.escape_debug(), t.dtype.name(), t.shape, t.bytes.len());
         total += t.bytes.len() as u64;
     }
     outln!();

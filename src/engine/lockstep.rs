@@ -3,10 +3,10 @@
 //! engine `a` samples. The first step whose argmaxes differ ends the run.
 //! (`forge generate --backend both` runs cpu against gpu with it.)
 
-use anyhow::{bail, ensure};
+use anyhow::ensure;
 
 use super::sampler::argmax;
-use super::{Engine, GenerateParams, Sampler, non_finite_message};
+use super::{Engine, GenerateParams, Sampler, ensure_finite};
 use crate::backend::{Backend, HostMatrix, SeqSlice};
 use crate::compare::max_abs_diff;
 use crate::model::{Batch, LogitRows};
@@ -65,9 +65,7 @@ pub fn lockstep<A: Backend, B: Backend>(
         b.backend.to_host(&out_b, &mut logits_b)?;
         let position = pos + tokens.len() - 1;
         for (name, logits) in [(a.backend.name(), &logits_a), (b.backend.name(), &logits_b)] {
-            if let Some(i) = logits.data.iter().position(|v| !v.is_finite()) {
-                bail!("{name}: {}", non_finite_message(step, position, Some((i, logits.data[i]))));
-            }
+            ensure_finite(&logits.data, step, position).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
         }
         let max_abs_diff = max_abs_diff(&logits_a.data, &logits_b.data);
         let s = LockstepStep {

@@ -67,15 +67,54 @@ pub struct Generation {
 
 /// The error for logits that are NaN or infinite: the weights or the arithmetic are
 /// broken, and no token chosen from them would mean anything.
-pub fn non_finite_message(step: usize, position: usize, first: Option<(usize, f32)>) -> String {
+fn non_finite(step: usize, position: usize, first: Option<(usize, f32)>) -> anyhow::Error {
     let what = match first {
         Some((id, v)) => format!(" (token id {id}: {v})"),
         None => String::new(),
     };
-    format!(
+    anyhow::anyhow!(
         "the model produced non-finite logits{what} at generation step {step} (position {position}); \
          the weights or the computation are broken (try --backend reference to compare)"
     )
+}
+
+/// Logits with a NaN or an infinity are an error naming the step and position.
+pub fn ensure_finite(logits: &[f32], step: usize, position: usize) -> anyhow::Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(non_finite(step, position, Some((i, logits[i])))),
+        None => Ok(()),
+    }
+}
+
+/// Chooses each next token from one row of logits: greedy on the device where the
+/// backend can (only the id is read back), else on the host from read-back logits.
+/// Non-finite logits are an error naming the step. Keeps its scratch between steps, so
+/// a warm decode loop does not allocate.
+pub struct TokenPicker {
+    sampler: Sampler,
+    logits: HostMatrix,
+    device_ids: Vec<u32>,
+}
+
+impl TokenPicker {
+    pub fn new(params: SamplingParams) -> anyhow::Result<Self> {
+        let sampler = Sampler::new(params).map_err(anyhow::Error::msg)?;
+        Ok(TokenPicker { sampler, logits: HostMatrix::zeros(0, 0), device_ids: Vec::with_capacity(1) })
+    }
+
+    /// The token after the row `out` (logits of shape (1, V)) at `position`, generation step `step`.
+    pub fn pick<B: Backend>(&mut self, backend: &B, out: &B::Act, step: usize, position: usize) -> anyhow::Result<u32> {
+        if self.sampler.params().is_greedy() && backend.argmax_rows(out, &mut self.device_ids)? {
+            return match self.device_ids[0] {
+                NON_FINITE_ROW => Err(non_finite(step, position, None)),
+                id => Ok(id),
+            };
+        }
+        backend.to_host(out, &mut self.logits)?;
+        let row = self.logits.row(0);
+        ensure_finite(row, step, position)?;
+        Ok(self.sampler.sample(row))
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -122,7 +161,7 @@ impl<B: Backend> Engine<B> {
         if prompt_ids.len() > n_ctx {
             bail!("the prompt is {} tokens but the model's context is {n_ctx}; shorten the prompt", prompt_ids.len());
         }
-        let mut sampler = Sampler::new(params.sampling.clone()).map_err(anyhow::Error::msg)?;
+        let mut picker = TokenPicker::new(params.sampling.clone())?;
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         let mut generation = Generation {
@@ -138,28 +177,13 @@ impl<B: Backend> Engine<B> {
         let mut cache = self.model.new_cache(&self.backend, prompt_ids.len() + budget - 1)?;
         let start = Instant::now();
         let mut step_tokens = prompt_ids.to_vec();
-        let mut logits = HostMatrix::zeros(0, 0);
-        let mut device_ids = Vec::with_capacity(1);
         let mut pos = 0;
         loop {
             let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
             let batch = Batch { tokens: &step_tokens, seqs: &seqs };
             let out = self.model.forward(&self.backend, &batch, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
             let step = generation.generated_ids.len();
-            // Greedy on a device backend: pick the token there and read back only its id.
-            let next = if params.sampling.is_greedy() && self.backend.argmax_rows(&out, &mut device_ids)? {
-                if device_ids[0] == NON_FINITE_ROW {
-                    bail!("{}", non_finite_message(step, pos + step_tokens.len() - 1, None));
-                }
-                device_ids[0]
-            } else {
-                self.backend.to_host(&out, &mut logits)?;
-                let row = logits.row(0);
-                if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-                    bail!("{}", non_finite_message(step, pos + step_tokens.len() - 1, Some((i, row[i]))));
-                }
-                sampler.sample(row)
-            };
+            let next = picker.pick(&self.backend, &out, step, pos + step_tokens.len() - 1)?;
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();
             }

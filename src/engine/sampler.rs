@@ -83,6 +83,10 @@ impl Sampler {
     }
 
     /// The next token: an index into `logits`, never a NaN entry unless all are NaN.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.is_greedy() || p.top_k == 1 {

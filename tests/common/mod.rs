@@ -3,10 +3,11 @@
 
 use std::path::PathBuf;
 
-use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::{RefKvCache, RefMatrix, ReferenceBackend};
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice, WeightDtype};
 use batch_forge::compare::max_abs_diff;
+pub use batch_forge::compare::nan_max;
 use batch_forge::engine::{Engine, GenerateParams, SamplingParams};
 use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, SafetensorsFile, TensorView};
 use serde_json::Value;
@@ -89,11 +90,6 @@ pub fn max_logit_diff<A: Backend, B: Backend>(a: &Engine<A>, b: &Engine<B>, chec
     })
 }
 
-/// `max` that keeps a NaN.
-pub fn nan_max(a: f32, b: f32) -> f32 {
-    if a.is_nan() || b.is_nan() { f32::NAN } else { a.max(b) }
-}
-
 /// Greedy continuations of two engines on every reference prompt: (equal, total).
 pub fn greedy_agreement<A: Backend, B: Backend>(a: &Engine<A>, b: &Engine<B>, checkpoint: &str) -> (usize, usize) {
     let prompts = reference(checkpoint)["prompts"].as_array().unwrap().clone();
@@ -112,27 +108,6 @@ pub fn greedy_agreement<A: Backend, B: Backend>(a: &Engine<A>, b: &Engine<B>, ch
 
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
-}
-
-/// Whether /proc/cpuinfo lists every one of `flags` (false where there is no such file).
-pub fn cpuinfo_has(flags: &[&str]) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/cpuinfo") else { return false };
-    let Some(line) = text.lines().find(|l| l.starts_with("flags")) else { return false };
-    let have: Vec<&str> = line.split_whitespace().collect();
-    flags.iter().all(|f| have.contains(f))
-}
-
-/// The AVX2 path, or `None` with a loud skip where this CPU lacks it. Under CI a skip on
-/// a CPU whose /proc/cpuinfo lists avx2, fma and f16c fails: detection must not
-/// silently drop a path the machine has.
-pub fn avx2_or_skip() -> Option<Isa> {
-    let isa = Isa::avx2();
-    if isa.is_none() {
-        let claims = cpuinfo_has(&["avx2", "fma", "f16c"]);
-        assert!(!(in_ci() && claims), "CI=true: /proc/cpuinfo lists avx2, fma and f16c, yet no AVX2 path was detected");
-        eprintln!("\n*** SKIPPED: this CPU has no AVX2/FMA/F16C; only the portable path was tested ***\n");
-    }
-    isa
 }
 
 /// The reference backend fed exactly the values a lossy backend computes with: weight

@@ -511,12 +511,6 @@ mod tests {
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
     }
 
-    fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::PORTABLE];
-        v.extend(simd::avx2_for_tests());
-        v
-    }
-
     #[test]
     fn matmul_matches_a_plain_sum_on_awkward_shapes() {
         let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
@@ -532,7 +526,7 @@ mod tests {
                 let packed = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w[k * n_out + j]);
                 let mut col = vec![0.0; n_in];
                 packed.column(n_out - 1, &mut col);
-                for isa in isas() {
+                for isa in simd::isas_or_skip() {
                     for gelu in [false, true] {
                         let mut out = vec![f32::NAN; rows * n_out];
                         matmul(isa, &x, rows, &packed, Epilogue { bias: Some(&bias), gelu }, &mut out);
@@ -573,7 +567,7 @@ mod tests {
         let keys = start + t;
         let q = values(t * hd, 4);
         let k = values(keys * hd, 5);
-        for isa in isas() {
+        for isa in simd::isas_or_skip() {
             let kt = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| k[j * hd + d]);
             let mut s = vec![0.0f32; t * keys];
             let none = Epilogue { bias: None, gelu: false };

@@ -314,11 +314,11 @@ pub(crate) mod x86 {
     }
 }
 
-/// The AVX2 path for unit tests, or `None` with a loud skip. Under `CI=true` a skip on a
-/// CPU whose /proc/cpuinfo lists avx2, fma and f16c fails: detection must not silently
-/// drop a path the machine has.
-#[cfg(test)]
-pub(crate) fn avx2_for_tests() -> Option<Isa> {
+/// For tests: the AVX2 path, or `None` with a loud skip. Under `CI=true` a skip on a CPU
+/// whose /proc/cpuinfo lists avx2, fma and f16c panics: detection must not silently drop
+/// a path the machine has.
+#[doc(hidden)]
+pub fn avx2_or_skip() -> Option<Isa> {
     let isa = Isa::avx2();
     if isa.is_none() && !cfg!(miri) {
         let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -331,13 +331,19 @@ pub(crate) fn avx2_for_tests() -> Option<Isa> {
     isa
 }
 
+/// For tests: every path this CPU runs (AVX2 through [`avx2_or_skip`]), portable last.
+#[doc(hidden)]
+pub fn isas_or_skip() -> Vec<Isa> {
+    avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn vector_exp_and_gelu_match_scalar() {
-        let Some(avx2) = avx2_for_tests() else { return };
+        let Some(avx2) = avx2_or_skip() else { return };
         let xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.02).chain([1e3, -1e3, 3e38, -3e38, 0.0]).collect();
         let mut v = xs.clone();
         gelu(avx2, &mut v);
