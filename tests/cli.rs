@@ -414,6 +414,14 @@ fn non_finite_logits_are_an_error_naming_the_step() {
                 "{backend} {mode}: {err}"
             );
         }
+        // The benchmark's generation loop stops at the same position instead of feeding on.
+        let o = forge(&["bench", "-m", d, "-p", "0", "-n", "8", "-r", "1", "--backend", backend]);
+        assert!(!o.status.success(), "bench on {backend} should fail");
+        let err = stderr(&o);
+        assert!(
+            !err.contains("panicked") && err.contains("non-finite logits") && err.contains("(position 5)"),
+            "{backend}: {err}"
+        );
     }
 }
 

@@ -7,9 +7,9 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use batch_forge::backend::SeqSlice;
 use batch_forge::backend::cpu::CpuOptions;
-use batch_forge::backend::{Backend, HostMatrix, SeqSlice};
-use batch_forge::engine::sampler::argmax;
+use batch_forge::engine::{SamplingParams, TokenPicker};
 use batch_forge::model::{Batch, LogitRows};
 use common::*;
 
@@ -46,29 +46,28 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-#[test]
-fn warm_decode_steps_do_not_allocate() {
+/// Heap allocations on the decode pool's threads in 52 warm decode steps, each token
+/// chosen by the engine's `TokenPicker` with `sampling`.
+fn allocations_in_warm_decode(sampling: SamplingParams) -> usize {
     let engine = cpu_engine("tiny-gpt2", CpuOptions::default());
     let (b, m) = (&engine.backend, &engine.model);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     pool.broadcast(|_| COUNTED.with(|c| c.set(true)));
     pool.install(|| {
         let mut cache = m.new_cache(b, 100).unwrap();
-        let mut logits = HostMatrix::zeros(0, 0);
+        let mut picker = TokenPicker::new(sampling).unwrap();
         let prompt = [464u32, 2068, 7586, 21831];
         let seqs = [SeqSlice { rows: 0..4, start_pos: 0 }];
         let out =
             m.forward(b, &Batch { tokens: &prompt, seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq).unwrap();
-        b.to_host(&out, &mut logits).unwrap();
+        let mut next = picker.pick(b, &out, 0, 3).unwrap();
         drop(out);
-        let mut next = argmax(logits.row(0));
         let mut step = |pos: usize, next: &mut u32| {
             let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
             let out = m
                 .forward(b, &Batch { tokens: &[*next], seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq)
                 .unwrap();
-            b.to_host(&out, &mut logits).unwrap();
-            *next = argmax(logits.row(0));
+            *next = picker.pick(b, &out, pos - 3, pos).unwrap();
         };
         // Warm-up: the pool fills with every buffer size a step needs.
         for pos in 4..20 {
@@ -78,7 +77,14 @@ fn warm_decode_steps_do_not_allocate() {
         for pos in 20..72 {
             step(pos, &mut next);
         }
-        let allocs = ALLOCS.load(Ordering::Relaxed) - before;
-        assert_eq!(allocs, 0, "{allocs} heap allocations in 52 warm decode steps");
-    });
+        ALLOCS.load(Ordering::Relaxed) - before
+    })
+}
+
+#[test]
+fn warm_decode_steps_do_not_allocate() {
+    let greedy = allocations_in_warm_decode(SamplingParams::greedy());
+    assert_eq!(greedy, 0, "{greedy} heap allocations in 52 warm greedy decode steps");
+    let sampled = allocations_in_warm_decode(SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 1 });
+    assert_eq!(sampled, 0, "{sampled} heap allocations in 52 warm sampled decode steps");
 }

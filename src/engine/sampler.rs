@@ -82,11 +82,11 @@ impl Sampler {
         Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new(), probs: Vec::new() })
     }
 
-    /// The next token: an index into `logits`, never a NaN entry unless all are NaN.
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
+    /// The next token: an index into `logits`, never a NaN entry unless all are NaN.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.is_greedy() || p.top_k == 1 {

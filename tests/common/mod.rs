@@ -249,12 +249,6 @@ pub fn view(t: &OwnedTensor) -> TensorView<'_> {
     TensorView { name: &t.name, dtype: Dtype::F32, shape: &t.shape, bytes: &t.bytes }
 }
 
-/// Whether the GPU tests' adapter has shader-f16 (`None`: no adapter; skipped loudly).
-#[cfg(feature = "gpu")]
-pub fn gpu_has_f16() -> Option<bool> {
-    gpu_backend(Default::default()).map(|b| b.has_f16())
-}
-
 /// Whether `b` runs the shader-f16 path; if not, a loud skip, and under CI a failure
 /// when the adapter offers shader-f16 (then the path was dropped, not unsupported).
 #[cfg(feature = "gpu")]
