@@ -4,7 +4,7 @@
 //! found (fuzz/regressions/) through them on stable Rust, in CI.
 #![allow(dead_code)]
 
-use batch_forge::engine::sampler::{Sampler, SamplingParams, argmax};
+use batch_forge::engine::sampler::{Sampler, SamplingParams, argmax, penalize};
 use batch_forge::loaders::Gpt2Config;
 use batch_forge::loaders::safetensors::SafetensorsFile;
 use batch_forge::tokenizer::StreamDecoder;
@@ -126,11 +126,12 @@ fn f32_at(d: &[u8], i: usize) -> f32 {
     f32::from_le_bytes(b)
 }
 
-/// Sampling parameters and logits from raw bits (any f32: NaN, ±inf, subnormals):
-/// invalid parameters are refused; accepted ones always return an id in range that is
-/// not a NaN logit (unless every logit is NaN), greedy when the temperature is 0.
+/// Sampling parameters, a token history and logits from raw bits (any f32: NaN, ±inf,
+/// subnormals): invalid parameters are refused; accepted ones always return an id in
+/// range that is not a NaN logit (unless every logit is NaN), the argmax of the
+/// penalized logits when the temperature is 0.
 pub fn sampler(data: &[u8]) {
-    if data.len() < 17 {
+    if data.len() < 29 {
         return;
     }
     let params = SamplingParams {
@@ -138,20 +139,34 @@ pub fn sampler(data: &[u8]) {
         top_k: u32::from_le_bytes([data[4], data[5], data[6], data[7]]) as usize % 70_000,
         top_p: f32_at(data, 8),
         seed: u64::from(u32::from_le_bytes([data[12], data[13], data[14], data[15]])),
+        min_p: f32_at(data, 16),
+        repeat_penalty: f32_at(data, 20),
+        repeat_last_n: usize::from(data[24]),
     };
-    let logits: Vec<f32> = data[16..].chunks(4).map(|c| f32_at(c, 0)).collect();
+    let history: Vec<u32> = data[25..29].iter().map(|&b| u32::from(b)).collect();
+    let logits: Vec<f32> = data[29..].chunks(4).map(|c| f32_at(c, 0)).collect();
     let Ok(mut s) = Sampler::new(params.clone()) else {
         assert!(params.validate().is_err());
         return;
     };
+    s.accept(&history);
+    let recent = &history[history.len().saturating_sub(params.repeat_last_n)..];
+    let penalized: Vec<f32> =
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                if params.penalizes() && recent.contains(&(i as u32)) { penalize(v, params.repeat_penalty) } else { v }
+            })
+            .collect();
     for _ in 0..3 {
         let id = s.sample(&logits) as usize;
-        assert!(id < logits.len());
-        if logits.iter().any(|v| !v.is_nan()) {
-            assert!(!logits[id].is_nan(), "picked a NaN logit");
+        assert!(logits.is_empty() || id < logits.len());
+        if penalized.iter().any(|v| !v.is_nan()) {
+            assert!(!penalized[id].is_nan(), "picked a NaN logit");
         }
-        if params.temperature == 0.0 {
-            assert_eq!(id, argmax(&logits) as usize);
+        if params.temperature == 0.0 && !logits.is_empty() {
+            assert_eq!(id, argmax(&penalized) as usize);
         }
     }
 }

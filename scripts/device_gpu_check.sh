@@ -40,6 +40,6 @@ done 2>&1 | tee "$OUT/bench.txt"
 # HF on CUDA, same random configs (the weights differ; the speed does not depend on them).
 python3 -c "import torch, transformers" 2>/dev/null || { echo "no torch/transformers here: HF on CUDA skipped" | tee "$OUT/hf_cuda.txt"; exit 0; }
 for m in gpt2 gpt2-xl; do
-    $FORGE random-model --preset $m --out /tmp/rand-$m >/dev/null
+    $FORGE random-model --preset $m --out /tmp/rand-$m --force >/dev/null
     python3 scripts/hf_bench.py /tmp/rand-$m --device cuda -p 512 -n 128 -r 5
 done 2>&1 | tee "$OUT/hf_cuda.txt"

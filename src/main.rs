@@ -7,6 +7,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(msg) = cli::unsupported_flag(&argv) {
+        eprintln!("error: {msg}");
+        return ExitCode::FAILURE;
+    }
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,

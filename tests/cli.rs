@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use batch_forge::engine::{GenerateParams, SamplingParams};
 use common::*;
 use serde_json::Value;
 
@@ -87,7 +88,7 @@ fn generate_streams_valid_utf8_text_and_reports_speed() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), format!("{}\n", p["generated_text"].as_str().unwrap()));
     let err = stderr(&o);
-    assert!(err.contains("tok/s on cpu"), "{err}");
+    assert!(err.contains("timings on cpu:"), "{err}");
     assert!(err.contains(&format!("generated ids: {:?}", ids(&p["generated_ids"]))), "{err}");
 }
 
@@ -207,9 +208,9 @@ fn bad_arguments_and_missing_models_are_clean_errors() {
     assert_clean_error(&forge(&["generate", "hi", "-m", m, "--top-p", "1.5"]), "top-p");
     assert_clean_error(&forge(&["generate", "hi", "-m", m, "--top-p", "0"]), "top-p");
     assert_clean_error(&forge(&["generate", "hi", "-m", m, "--threads", "0"]), "threads");
-    // A Hub id that is not cached, offline: says how to get the files.
+    // A Hub id that is not cached, offline: says that offline mode is on.
     let o = forge(&["generate", "hi", "-m", "someone/not-cached"]);
-    assert_clean_error(&o, "huggingface-cli download someone/not-cached");
+    assert_clean_error(&o, "HF_HUB_OFFLINE is set and someone/not-cached is not in the HF cache");
     // clap's own errors still exit non-zero without a panic.
     let o = forge(&["generate", "--max-new-tokens", "many"]);
     assert!(!o.status.success() && stderr(&o).starts_with("error:"));
@@ -451,4 +452,446 @@ fn inspect_prints_metadata_and_tensor_tables() {
     assert_clean_error(&forge(&["inspect", cut.to_str().unwrap()]), "run past the end of the data");
     assert_clean_error(&forge(&["inspect", tmp.path().to_str().unwrap()]), "not a file");
     assert_clean_error(&forge(&["inspect", "/no/such.gguf"]), "not a file");
+}
+
+// ---- llama.cpp habits (issue 14) ----
+
+fn cat<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    [a, b].concat()
+}
+
+/// `forge ARGS` with `input` on stdin.
+fn forge_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_CACHE", "/nonexistent-cache")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input); // the child may exit without reading
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    o
+}
+
+fn json_out(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", stderr(o));
+    serde_json::from_str(stdout(o).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(o)))
+}
+
+/// A clap error (usage follows): non-zero, first line `error:` naming the problem, no panic.
+fn assert_usage_error(o: &Output, want: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success() && err.starts_with("error: ") && err.contains(want), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `-p`, `-f FILE`, `-f -`, `-` and a prompt piped on stdin all give the same prompt ids as
+/// `--prompt` (HF's ids for the fixture prompt), and the source is reported on stderr.
+#[test]
+fn prompts_come_from_p_f_and_stdin() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let p = &reference("tiny-gpt2")["prompts"][3];
+    let text = p["text"].as_str().unwrap();
+    let want = ids(&p["prompt_ids"]);
+    let base = ["generate", "-m", m, "--temp", "0", "-n", "3", "--json"];
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("prompt.txt");
+    std::fs::write(&file, format!("{text}\n")).unwrap(); // the trailing newline is dropped, as llama.cpp does
+    let f = file.to_str().unwrap();
+    for (o, source) in [
+        (forge(&cat(&base, &["--prompt", text])), None),
+        (forge(&cat(&base, &["-p", text])), None),
+        (forge(&cat(&base, &["-f", f])), Some(format!("from {f}"))),
+        (forge_stdin(&cat(&base, &["-f", "-"]), format!("{text}\n").as_bytes()), Some("from stdin".into())),
+        (forge_stdin(&cat(&base, &["-"]), text.as_bytes()), Some("from stdin".into())),
+        (forge_stdin(&base, format!("{text}\n").as_bytes()), Some("from stdin".into())),
+    ] {
+        let v = json_out(&o);
+        assert_eq!(ids(&v["prompt_ids"]), want, "{}", stderr(&o));
+        assert_eq!(ids(&v["generated_ids"]), ids(&p["generated_ids"])[..3]);
+        if let Some(source) = source {
+            let line = format!("read {} prompt tokens {source}", want.len());
+            assert!(stderr(&o).contains(&line), "{}", stderr(&o));
+        }
+    }
+    // A prompt that starts with '-' is a prompt after -p, not a flag.
+    let v = json_out(&forge(&cat(&base, &["-p", "-ngl"])));
+    assert_eq!(ids(&v["prompt_ids"]), [12, 782, 75]); // "-", "ng", "l"
+    // Empty stdin: the BOS token, and stderr says so.
+    let o = forge_stdin(&base, b"");
+    assert_eq!(ids(&json_out(&o)["prompt_ids"]), [50256]);
+    assert!(stderr(&o).contains("read 0 prompt tokens from stdin; starting from the BOS token"), "{}", stderr(&o));
+    // Bad sources are one-line errors.
+    assert_clean_error(&forge(&cat(&base, &["-f", "/no/such/prompt.txt"])), "cannot read the prompt file");
+    std::fs::write(&file, b"caf\xe9").unwrap();
+    assert_clean_error(&forge(&cat(&base, &["-f", f])), "not valid UTF-8");
+    assert_clean_error(&forge_stdin(&base, b"caf\xe9"), "not valid UTF-8");
+    assert_usage_error(&forge(&cat(&base, &["-p", "a", "-f", f])), "cannot be used with");
+    assert_usage_error(&forge(&cat(&base, &["a", "-p", "b"])), "cannot be used with");
+}
+
+/// `-n -1` runs until the context is full (the model's, or `-c`'s); `-c` beyond the
+/// model's context and a prompt longer than `-c` are refused.
+#[test]
+fn n_predict_minus_one_stops_at_the_context() {
+    let model = fixture("tiny-gpt2-hf-saved"); // n_positions 64
+    let m = model.to_str().unwrap();
+    let p = &reference("tiny-gpt2-hf-saved")["prompts"][1];
+    let n_prompt = p["prompt_ids"].as_array().unwrap().len();
+    let text = p["text"].as_str().unwrap();
+    let v = json_out(&forge(&["generate", "-m", m, "-p", text, "-n", "-1", "--temp", "0", "--ignore-eos", "--json"]));
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 64 - n_prompt);
+    assert_eq!(v["stop_reason"], "context_full");
+    // The first 40 agree with HF's greedy continuation.
+    assert_eq!(ids(&v["generated_ids"])[..40], ids(&p["generated_ids"])[..]);
+    let o = forge(&["generate", "-m", m, "-p", text, "-n", "-1", "--temp", "0", "--ignore-eos", "-c", "20", "--json"]);
+    let v = json_out(&o);
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 20 - n_prompt);
+    assert_eq!(ids(&v["generated_ids"])[..], ids(&p["generated_ids"])[..20 - n_prompt]);
+    assert!(stderr(&o).contains("the context size (-c) of 20 tokens is full"), "{}", stderr(&o));
+    assert_clean_error(
+        &forge(&["generate", "-m", m, "-p", text, "-c", "65"]),
+        "-c 65 exceeds the model's context of 64",
+    );
+    let long = reference("tiny-gpt2-hf-saved")["prompts"][4]["text"].as_str().unwrap().to_owned(); // 60 tokens
+    assert_clean_error(
+        &forge(&["generate", "-m", m, "-p", &long, "-c", "59"]),
+        "60 tokens but the context size (-c) is 59",
+    );
+    assert_usage_error(&forge(&["generate", "-m", m, "-p", text, "-n", "-2"]), "-2");
+}
+
+/// A sampled run prints its seed; passing it back with `-s` repeats the run exactly.
+#[test]
+fn a_random_seed_is_printed_and_reproduces_the_run() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let args = ["generate", "-m", m, "-p", "Hello", "-n", "12", "--temp", "1.5", "--top-k", "0", "--json"];
+    let first = forge(&[&args[..], &["-s", "-1"]].concat());
+    let v = json_out(&first);
+    let err = stderr(&first);
+    let seed = v["seed"].as_u64().unwrap().to_string();
+    assert!(err.contains(&format!("seed: {seed} (pass -s {seed} to repeat this run)")), "{err}");
+    let again = json_out(&forge(&[&args[..], &["-s", &seed]].concat()));
+    assert_eq!(again["generated_ids"], v["generated_ids"]);
+    // No seed line for greedy runs; a bad seed is refused.
+    assert!(!stderr(&forge(&["generate", "-m", m, "-p", "Hi", "-n", "2", "--temp", "0"])).contains("seed:"));
+    assert_usage_error(&forge(&["generate", "-m", m, "-s", "-5"]), "not a seed");
+}
+
+/// `--repeat-penalty` against HF's numbers: along HF's greedy path (its top-10 logits at
+/// every position, in the fixture), HF's RepetitionPenaltyLogitsProcessor over all
+/// previous ids (`--repeat-last-n -1`) picks the same token until the first step where
+/// the penalty changes the argmax; our run must give exactly those ids up to and
+/// including that step.
+#[test]
+fn repeat_penalty_matches_hf_on_the_reference_logits() {
+    let penalty = 1.3f32;
+    let mut changed = 0;
+    for checkpoint in ["tiny-gpt2", "tiny-gpt2-f16"] {
+        let model = fixture(checkpoint);
+        for p in reference(checkpoint)["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["prompt_ids"]);
+            let greedy = ids(&p["generated_ids"]);
+            let mut want = Vec::new();
+            for (k, &hf_next) in greedy.iter().enumerate() {
+                let top = &p["top10"][prompt.len() - 1 + k];
+                let history: Vec<u32> = prompt.iter().chain(&greedy[..k]).copied().collect();
+                let mut cands: Vec<(f32, u32)> = ids(&top["ids"])
+                    .into_iter()
+                    .zip(top["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32))
+                    .map(|(id, l)| {
+                        let l = if !history.contains(&id) {
+                            l
+                        } else if l < 0.0 {
+                            l * penalty
+                        } else {
+                            l / penalty
+                        };
+                        (l, id)
+                    })
+                    .collect();
+                assert!(cands.iter().any(|(_, id)| !history.contains(id)), "all top-10 penalized");
+                cands.sort_by(|a, b| b.0.total_cmp(&a.0));
+                assert!(cands[0].0 - cands[1].0 > 1e-3, "near-tie after the penalty: not a sharp test");
+                want.push(cands[0].1);
+                if cands[0].1 != hf_next {
+                    changed += 1;
+                    break;
+                }
+            }
+            // The same choice with the path so far given as the prompt: the penalty
+            // covers prompt tokens too (HF's and llama.cpp's history includes them).
+            let k = want.len() - 1;
+            let as_prompt: Vec<u32> = prompt.iter().chain(&greedy[..k]).copied().collect();
+            let sampling =
+                SamplingParams { repeat_penalty: penalty, repeat_last_n: usize::MAX, ..SamplingParams::greedy() };
+            let params = GenerateParams { sampling, ignore_eos: true, ..GenerateParams::greedy(1) };
+            let g = cpu_engine(checkpoint, Default::default()).generate(&as_prompt, &params, |_| Ok(())).unwrap();
+            assert_eq!(g.generated_ids, [want[k]], "{checkpoint} prompt {} as a prompt", p["index"]);
+            let o = forge(&[
+                "generate",
+                "-m",
+                model.to_str().unwrap(),
+                "--prompt",
+                p["text"].as_str().unwrap(),
+                "-n",
+                &want.len().to_string(),
+                "--temp",
+                "0",
+                "--repeat-penalty",
+                &penalty.to_string(),
+                "--repeat-last-n",
+                "-1",
+                "--ignore-eos",
+                "--json",
+            ]);
+            assert_eq!(ids(&json_out(&o)["generated_ids"]), want, "{checkpoint} prompt {}", p["index"]);
+        }
+    }
+    assert!(changed >= 3, "the penalty changed the path of only {changed} prompts: the test would not bite");
+}
+
+/// The timings: load, prompt and decode phases, each with its own count, the same in
+/// the stderr lines and the JSON; a prompt that fills the context has no decode rate
+/// (not "0.0 tok/s").
+#[test]
+fn timings_report_each_phase() {
+    let model = fixture("tiny-gpt2");
+    let o =
+        forge(&["generate", "-m", model.to_str().unwrap(), "-p", "Hello world", "-n", "5", "--temp", "0", "--json"]);
+    let t = &json_out(&o)["timings"];
+    assert_eq!(
+        (t["prompt_tokens"].as_u64(), t["decode_steps"].as_u64(), t["generated_tokens"].as_u64()),
+        (Some(2), Some(4), Some(5))
+    );
+    for k in ["load_s", "prompt_s", "decode_s", "total_s", "prompt_tok_s", "decode_tok_s"] {
+        assert!(t[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {t}");
+    }
+    let err = stderr(&o);
+    for want in ["timings on cpu:", "load =", "/     2 tokens", "/     4 steps", "5 tokens generated"] {
+        assert!(err.contains(want), "{want:?} in {err}");
+    }
+    let sum = t["load_s"].as_f64().unwrap() + t["prompt_s"].as_f64().unwrap() + t["decode_s"].as_f64().unwrap();
+    assert!((t["total_s"].as_f64().unwrap() - sum).abs() < 1e-6);
+    // A prompt that fills the 64-token context: no tokens, no rate.
+    let saved = fixture("tiny-gpt2-hf-saved");
+    let long = "a ".repeat(64); // 64 tokens
+    let o = forge(&["generate", "-m", saved.to_str().unwrap(), "-p", long.trim_end(), "-n", "4", "--json"]);
+    let v = json_out(&o);
+    assert_eq!(v["timings"]["prompt_tokens"], 64);
+    assert_eq!(v["timings"]["generated_tokens"], 0);
+    assert!(v["timings"]["decode_tok_s"].is_null() && v["timings"]["prompt_tok_s"].is_null(), "{v}");
+    assert!(!stderr(&o).contains("0.00 tokens per second"), "{}", stderr(&o));
+}
+
+/// `random-model` never overwrites a folder by accident and says when the result has no
+/// tokenizer.
+#[test]
+fn random_model_refuses_a_non_empty_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("config.json"), "{\"precious\": true}").unwrap();
+    let o = out.to_str().unwrap();
+    assert_clean_error(&forge(&["random-model", "--preset", "distilgpt2", "--out", o]), "is not empty; pass --force");
+    assert_eq!(std::fs::read_to_string(out.join("config.json")).unwrap(), "{\"precious\": true}");
+    assert!(!out.join("model.safetensors").exists());
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    assert_clean_error(&forge(&["random-model", "--out", file.to_str().unwrap()]), "is not a folder");
+    // With --force it writes, and notes that no tokenizer came with it.
+    let r = forge(&["random-model", "--preset", "distilgpt2", "--out", o, "--force"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(stderr(&r).contains("cannot generate text; add --tokenizer-from"), "{}", stderr(&r));
+    assert!(std::fs::read_to_string(out.join("config.json")).unwrap().contains("n_layer"));
+    // An empty or missing folder needs no --force; with a tokenizer there is no note.
+    let fresh = tmp.path().join("fresh");
+    let tok = fixture("gpt2-tokenizer");
+    let args = ["random-model", "--preset", "distilgpt2", "--out", fresh.to_str().unwrap(), "--tokenizer-from"];
+    let r = forge(&[&args[..], &[tok.to_str().unwrap()]].concat());
+    assert!(r.status.success() && !stderr(&r).contains("note:"), "{}", stderr(&r));
+}
+
+/// `-m` pointing at a file says what it found and what is expected; offline and
+/// uncached says offline mode is on; hints name the command being run.
+#[test]
+fn model_path_errors_say_what_was_found() {
+    let st = fixture("tiny-gpt2/model.safetensors");
+    let o = forge(&["generate", "-m", st.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_error(&o, "is a file, not a model folder; --model takes a model folder");
+    assert!(
+        stderr(&o).contains(&format!("did you mean --model {}?", fixture("tiny-gpt2").display())),
+        "{}",
+        stderr(&o)
+    );
+    let gguf = fixture("gguf/types.gguf");
+    assert_clean_error(&forge(&["tokenize", "x", "-m", gguf.to_str().unwrap()]), "is a GGUF file");
+    let o = forge_env(&["tokenize", "x", "-m", "org/uncached"], &[("HF_HUB_OFFLINE", "0")]);
+    let err = stderr(&o);
+    assert!(err.contains("forge tokenize --model org/uncached") && !err.contains("forge generate"), "{err}");
+    let o = forge(&["bench", "-m", "org/uncached"]);
+    assert_clean_error(&o, "HF_HUB_OFFLINE is set and org/uncached is not in the HF cache");
+    assert!(stderr(&o).contains("forge bench --model org/uncached"), "{}", stderr(&o));
+}
+
+/// Conflicting flags are refused; llama.cpp-only flags say "not supported"; absurd
+/// thread counts are refused or warned about; no internal names leak into usage.
+#[test]
+fn conflicts_and_unsupported_flags_are_refused() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let g = |extra: &[&str]| forge(&[&["generate", "-m", m, "-p", "hi", "-n", "2"][..], extra].concat());
+    assert_usage_error(&g(&["--greedy", "--temp", "0.7"]), "'--greedy' cannot be used with '--temp <T>'");
+    assert_usage_error(&g(&["--greedy", "--top-k", "5"]), "cannot be used with");
+    assert_usage_error(&g(&["--greedy", "--min-p", "0.1"]), "cannot be used with");
+    assert_clean_error(&g(&["--backend", "both", "--json"]), "--backend both prints a table");
+    assert_clean_error(&g(&["--min-p", "1.5"]), "min-p must be in [0, 1]");
+    assert_clean_error(&g(&["--repeat-penalty", "0"]), "repeat-penalty must be");
+    assert_clean_error(&g(&["-t", "5000"]), "at most 1024");
+    for (args, flag) in [
+        (vec!["generate", "-m", m, "-p", "hi", "-ngl", "99"], "-ngl"),
+        (vec!["generate", "-m", m, "-fa", "-p", "hi"], "-fa"),
+        (vec!["generate", "-m", m, "--n-gpu-layers=10", "-p", "hi"], "--n-gpu-layers"),
+        (vec!["generate", "-m", m, "-cnv"], "-cnv"),
+        (vec!["bench", "-m", m, "-ngl", "99"], "-ngl"),
+        (vec!["bench", "-m", m, "-fa", "1", "-b", "512"], "-fa"),
+    ] {
+        assert_clean_error(&forge(&args), &format!("not supported: {flag}: "));
+    }
+    // llama-bench's -r (repetitions) is ours too.
+    let o = forge(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "-o", "jsonl"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // More threads than CPUs: a warning, and the run still works.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let o = g(&["-t", &(cpus + 1).to_string(), "--temp", "0"]);
+    assert!(o.status.success() && stderr(&o).contains("warning: -t"), "{}", stderr(&o));
+    let help = stdout(&forge(&["generate", "--help"]));
+    assert!(!help.contains("PROMPT_POS") && help.contains("[PROMPT]"), "{help}");
+    for flag in [
+        "-p, --prompt",
+        "-f, --file",
+        "-n, --n-predict",
+        "--temp",
+        "-s, --seed",
+        "--min-p",
+        "--repeat-penalty",
+        "--repeat-last-n",
+        "-c, --ctx-size",
+        "-t, --threads",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+    assert_usage_error(&forge(&["generate", "--bogus"]), "--bogus");
+}
+
+/// `bench` checks everything before printing; `-o json|jsonl|csv` are machine-readable;
+/// the model is shown by its name.
+#[test]
+fn bench_validates_first_and_writes_json_and_csv() {
+    let model = fixture("tiny-gpt2"); // n_positions 128
+    let m = model.to_str().unwrap();
+    for (args, want) in [
+        (vec!["bench", "-m", m, "-p", "8,500", "-n", "4", "-r", "1"], "pp500 exceeds the model's context of 128"),
+        (vec!["bench", "-m", m, "-p", "8", "-n", "129", "-r", "1"], "tg129 exceeds"),
+        (vec!["bench", "-m", m, "-p", "0", "-n", "0"], "nothing to measure"),
+        (vec!["bench", "-m", m, "--memory", "-o", "json"], "markdown table only"),
+    ] {
+        let o = forge(&args);
+        assert_clean_error(&o, want);
+        assert!(o.stdout.is_empty(), "printed before failing: {}", stdout(&o));
+    }
+    let o = forge(&["bench", "-m", m, "-p", "8", "-n", "3", "-r", "2", "-t", "1,2", "-o", "json"]);
+    let rows: Value = json_out(&o);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for (r, (test, threads)) in rows.iter().zip([("pp8", 1), ("tg3", 1), ("pp8", 2), ("tg3", 2)]) {
+        assert_eq!((r["test"].as_str(), r["n_threads"].as_u64()), (Some(test), Some(threads)));
+        assert_eq!(r["model_type"], "tiny-gpt2");
+        assert_eq!(r["model_n_params"], 3324736);
+        assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+    }
+    let o = forge(&["bench", "-m", m, "-p", "8", "-n", "0", "-r", "1", "-o", "jsonl"]);
+    let lines: Vec<Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["n_prompt"], 8);
+    let o = forge(&["bench", "-m", m, "-p", "8", "-n", "2", "-r", "1", "-o", "csv"]);
+    let out = stdout(&o);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "test").unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r.len() == header.len()), "{out}");
+    assert_eq!((rows[0][col], rows[1][col]), ("\"pp8\"", "\"tg2\""));
+    let o = forge(&["bench", "-m", m, "-p", "8", "-n", "0", "-r", "1"]);
+    assert!(stdout(&o).contains("| tiny-gpt2 | ") && !stdout(&o).contains(m), "{}", stdout(&o));
+}
+
+/// `tokenize --jsonl` answers line N with line N (blank lines too) and keeps other
+/// fields; stdin's trailing newline is tokenized unless --strip-newline; `detokenize`
+/// turns ids back into the exact text.
+#[test]
+fn tokenize_jsonl_keeps_lines_and_detokenize_inverts() {
+    let model = fixture("gpt2-tokenizer");
+    let m = model.to_str().unwrap();
+    let input = "{\"id\": 7, \"text\": \"Hello, world!\"}\n\n{\"text\": \"\"}\n{\"id\": \"x\", \"text\": \"a\\nb\"}\n";
+    let o = forge_stdin(&["tokenize", "--jsonl", "-m", m], input.as_bytes());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.split('\n').collect();
+    assert_eq!(lines.len(), 5, "{out:?}"); // four lines and the final newline
+    let v: Vec<Value> = [lines[0], lines[2], lines[3]].iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[1], "");
+    assert_eq!((v[0]["id"].as_u64(), ids(&v[0]["ids"])), (Some(7), vec![15496, 11, 995, 0]));
+    assert_eq!(ids(&v[1]["ids"]), Vec::<u32>::new());
+    assert_eq!((v[2]["id"].as_str(), ids(&v[2]["ids"])), (Some("x"), vec![64, 198, 65]));
+    assert_clean_error(&forge_stdin(&["tokenize", "--jsonl", "-m", m], b"[1]\n"), "line 1: expected a JSON object");
+    // Trailing newline: kept (with a note), or stripped.
+    let o = forge_stdin(&["tokenize", "-m", m], b"Hello\n");
+    assert_eq!(stdout(&o), "[15496,198]\n");
+    assert!(stderr(&o).contains("ends with a newline"), "{}", stderr(&o));
+    let o = forge_stdin(&["tokenize", "-m", m, "--strip-newline"], b"Hello\n");
+    assert_eq!(stdout(&o), "[15496]\n");
+    assert_clean_error(&forge(&["tokenize", "Hello", "-m", m, "--strip-newline"]), "applies to text read from stdin");
+    // detokenize: arguments, a JSON array on stdin, JSON lines.
+    assert_eq!(forge(&["detokenize", "15496", "11", "995", "0", "-m", m]).stdout, b"Hello, world!");
+    assert_eq!(forge(&["detokenize", "15496,11", "-m", m]).stdout, b"Hello,");
+    let text = "Grüße 👋 <|endoftext|> and\ttabs\n";
+    let ids_json = stdout(&forge(&["tokenize", text, "-m", m]));
+    let o = forge_stdin(&["detokenize", "-m", m], ids_json.as_bytes());
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), text);
+    let o = forge_stdin(&["detokenize", "--jsonl", "-m", m], b"{\"ids\": [15496, 0], \"k\": 1}\n\n");
+    let out = stdout(&o);
+    let first: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!((first["text"].as_str(), first["k"].as_u64()), (Some("Hello!"), Some(1)));
+    assert_eq!(out, format!("{first}\n\n"));
+    assert_clean_error(&forge(&["detokenize", "99999999", "-m", m]), "99999999");
+    assert_clean_error(&forge(&["detokenize", "12", "abc", "-m", m]), "\"abc\" is not a token id");
+    assert_clean_error(&forge_stdin(&["detokenize", "--jsonl", "-m", m], b"{\"ids\": [-1]}\n"), "no \"ids\" array");
+}
+
+/// `--backend gpu` on a software rasterizer (lavapipe in CI) warns that it runs on the CPU.
+#[cfg(feature = "gpu")]
+#[test]
+fn a_software_adapter_is_named_as_such() {
+    let Some(gpu) = common::gpu_backend(Default::default()) else {
+        return;
+    };
+    let model = fixture("tiny-gpt2");
+    let o =
+        forge(&["generate", "-m", model.to_str().unwrap(), "-p", "hi", "-n", "2", "--temp", "0", "--backend", "gpu"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let warned = stderr(&o).contains("is a software rasterizer: --backend gpu runs on the CPU here");
+    assert_eq!(warned, gpu.is_software(), "{}", stderr(&o));
 }

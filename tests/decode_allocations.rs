@@ -85,6 +85,13 @@ fn allocations_in_warm_decode(sampling: SamplingParams) -> usize {
 fn warm_decode_steps_do_not_allocate() {
     let greedy = allocations_in_warm_decode(SamplingParams::greedy());
     assert_eq!(greedy, 0, "{greedy} heap allocations in 52 warm greedy decode steps");
-    let sampled = allocations_in_warm_decode(SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: 1 });
+    let sampled = allocations_in_warm_decode(SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        seed: 1,
+        ..SamplingParams::greedy()
+    });
     assert_eq!(sampled, 0, "{sampled} heap allocations in 52 warm sampled decode steps");
 }

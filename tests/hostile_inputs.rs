@@ -85,11 +85,7 @@ fn forward_misuse_is_an_error<B: Backend>(e: &Engine<B>) {
 }
 
 fn greedy(n: usize) -> batch_forge::engine::GenerateParams {
-    batch_forge::engine::GenerateParams {
-        max_new_tokens: n,
-        sampling: batch_forge::engine::SamplingParams::greedy(),
-        ignore_eos: true,
-    }
+    batch_forge::engine::GenerateParams { ignore_eos: true, ..batch_forge::engine::GenerateParams::greedy(n) }
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::engine::{Engine, GenerateParams, SamplingParams};
+use batch_forge::engine::{Engine, GenerateParams};
 use batch_forge::loaders::hub::HubClient;
 use batch_forge::loaders::resolve_model;
 use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
@@ -100,7 +100,7 @@ fn client(endpoint: &str, cache: &Path) -> HubClient {
 
 fn greedy_ids(dir: &Path, prompt: &[u32]) -> Vec<u32> {
     let engine = Engine::load_dir(ReferenceBackend, dir).unwrap();
-    let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let params = GenerateParams::greedy(40);
     engine.generate(prompt, &params, |_| Ok(())).unwrap().generated_ids
 }
 
@@ -111,7 +111,7 @@ fn downloads_into_the_hf_cache_layout_and_reuses_it_offline() {
     let src = fixture("tiny-gpt2");
     let hub = serve(HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]), false);
     let cache = tempfile::tempdir().unwrap();
-    let dir = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true).unwrap();
+    let dir = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true, "generate").unwrap();
 
     let repo = cache.path().join("models--org--tiny");
     assert_eq!(dir, repo.join("snapshots").join(COMMIT));
@@ -135,16 +135,17 @@ fn downloads_into_the_hf_cache_layout_and_reuses_it_offline() {
     // Offline, and with the server gone: served from the cache.
     let mut offline = client("http://127.0.0.1:9", cache.path());
     offline.offline = true;
-    assert_eq!(resolve_model("org/tiny", &offline, true).unwrap(), dir);
+    assert_eq!(resolve_model("org/tiny", &offline, true, "generate").unwrap(), dir);
     offline.offline = false; // unreachable endpoint, cached files: still works
-    assert_eq!(resolve_model("org/tiny", &offline, true).unwrap(), dir);
+    assert_eq!(resolve_model("org/tiny", &offline, true, "generate").unwrap(), dir);
 }
 
 #[test]
 fn unreachable_hub_without_cache_says_how_to_get_files() {
     let cache = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let e = resolve_model("org/absent", &client(&format!("http://127.0.0.1:{port}"), cache.path()), true).unwrap_err();
+    let e = resolve_model("org/absent", &client(&format!("http://127.0.0.1:{port}"), cache.path()), true, "generate")
+        .unwrap_err();
     let msg = format!("{e:#}");
     assert!(msg.contains("cannot reach the Hub") && msg.contains("huggingface-cli download org/absent"), "{msg}");
 }
@@ -154,7 +155,7 @@ fn corrupt_download_is_rejected_and_leaves_no_blob() {
     let src = fixture("tiny-gpt2");
     let hub = serve(HashMap::from([("org/tiny".to_string(), files_of(&src, &MODEL_FILES))]), true);
     let cache = tempfile::tempdir().unwrap();
-    let e = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true).unwrap_err();
+    let e = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true, "generate").unwrap_err();
     assert!(format!("{e:#}").contains("sha256"), "{e:#}");
     let blobs = cache.path().join("models--org--tiny/blobs");
     let weights_sha = sha256(&std::fs::read(src.join("model.safetensors")).unwrap());

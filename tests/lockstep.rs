@@ -7,12 +7,12 @@ mod common;
 
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::CpuOptions;
+use batch_forge::engine::GenerateParams;
 use batch_forge::engine::lockstep::lockstep;
-use batch_forge::engine::{GenerateParams, SamplingParams};
 use common::*;
 
 fn params() -> GenerateParams {
-    GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false }
+    GenerateParams::greedy(40)
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 use batch_forge::compare::max_abs_diff;
 
 use batch_forge::backend::{Backend, SeqSlice};
-use batch_forge::engine::{GenerateParams, SamplingParams, StopReason};
+use batch_forge::engine::{GenerateParams, StopReason};
 use batch_forge::model::{Batch, LogitRows};
 use common::*;
 
@@ -21,7 +21,7 @@ fn greedy_ids_match_hf_for_every_checkpoint_and_prompt() {
             let tok = &engine.tokenizer;
             let encoded = if text.is_empty() { vec![50256] } else { tok.encode(text) };
             assert_eq!(encoded, prompt_ids, "{ckpt}: prompt ids of {text:?}");
-            let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+            let params = GenerateParams::greedy(40);
             let g = engine.generate(&prompt_ids, &params, |_| Ok(())).unwrap();
             let want = ids(&p["generated_ids"]);
             assert_eq!(g.generated_ids, want, "{ckpt}: greedy continuation of {text:?}");
@@ -143,7 +143,7 @@ fn batched_sequences_match_separate_runs() {
 #[test]
 fn bad_token_ids_and_overlong_prompts_are_errors() {
     let engine = engine("tiny-gpt2-hf-saved"); // n_positions 64
-    let params = GenerateParams { max_new_tokens: 5, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let params = GenerateParams::greedy(5);
     let e = engine.generate(&[1, 50257], &params, |_| Ok(())).unwrap_err().to_string();
     assert!(e.contains("token id 50257 is out of range"), "{e}");
     let e = engine.generate(&vec![1; 65], &params, |_| Ok(())).unwrap_err().to_string();

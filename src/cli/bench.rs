@@ -1,6 +1,8 @@
 //! `forge bench`: llama-bench's measurements. pp N = one forward pass over N prompt
 //! tokens; tg N = N one-token decode steps from an empty context. Each test runs once
 //! to warm up, then `-r` times; the table shows mean ± standard deviation of tokens/s.
+//! Every flag and every test is checked against the model before the first line is
+//! printed; `-o md|json|jsonl|csv` picks llama-bench's output formats and field names.
 
 use std::time::Instant;
 
@@ -46,15 +48,63 @@ pub struct BenchArgs {
     /// the roofline for decoding, which streams every weight once per token.
     #[arg(long)]
     memory: bool,
+    /// Output format, as llama-bench's `-o`: a markdown table, a JSON array, JSON lines or CSV.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Md)]
+    output: OutputFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Md,
+    Json,
+    Jsonl,
+    Csv,
+}
+
+/// The name a model is shown by: a Hub id as given, a folder by its last component.
+fn display_name(model: &str) -> String {
+    let path = std::path::Path::new(model);
+    if path.is_dir()
+        && let Some(name) = std::fs::canonicalize(path).ok().as_deref().and_then(|p| p.file_name())
+    {
+        return name.to_string_lossy().into_owned();
+    }
+    model.to_owned()
+}
+
+/// The CPU's model name (Linux), for the record.
+fn cpu_info() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned())
+}
+
+/// The tests to run, in order: ("pp", n) for each prompt length, then ("tg", n).
+fn tests(args: &BenchArgs) -> Vec<(&'static str, usize)> {
+    let pp = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| ("pp", n));
+    pp.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n))).collect()
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
-    anyhow::ensure!(!args.threads.contains(&0), "-t: thread counts must be at least 1");
+    super::check_threads(&args.threads)?;
     args.backend.validate("bench")?;
     if args.memory {
+        anyhow::ensure!(args.output == OutputFormat::Md, "--memory prints a markdown table only; drop -o");
+        super::warn_threads(&args.threads);
         return bench_memory(&args);
     }
+    anyhow::ensure!(
+        !tests(&args).is_empty(),
+        "nothing to measure: every -p and -n length is 0 (give e.g. -p 512 -n 128, or --memory)"
+    );
+    super::warn_threads(&args.threads);
     let (label, config, store) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;
@@ -63,9 +113,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         (None, model) => {
             let model = model.as_deref().unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
-            let dir = super::model_dir(model, true)?;
+            let dir = super::model_dir(model, true, "bench")?;
             let config = Gpt2Config::from_file(&dir.join("config.json"))?;
-            (model.to_owned(), config, WeightStore::open_dir(&dir)?)
+            (display_name(model), config, WeightStore::open_dir(&dir)?)
         }
     };
     let stored = match store.get("wte.weight").or_else(|| store.get("transformer.wte.weight")).map(|t| t.dtype) {
@@ -84,7 +134,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.backend.kv_dtype == "f16" {
         dtype.push_str(" (kv f16)");
     }
-    let info = Info { label, dtype, size_gib: (config.n_params() * bytes_per_param) as f64 / (1u64 << 30) as f64 };
+    let n_ctx = config.n_positions;
+    for (kind, n) in tests(&args) {
+        anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx} tokens");
+    }
+    let info =
+        Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: config.n_params() * bytes_per_param };
     with_backend!(args.backend, |b| bench_on(b, &args, &info, config, &store))
 }
 
@@ -97,7 +152,140 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 struct Info {
     label: String,
     dtype: String,
-    size_gib: f64,
+    kv: String,
+    size_bytes: usize,
+}
+
+/// One measured test, with llama-bench's field names where it has them.
+struct Row<'a> {
+    info: &'a Info,
+    n_params: usize,
+    backend: String,
+    threads: Option<usize>,
+    kind: &'static str,
+    n: usize,
+    /// Seconds of each repetition.
+    samples: Vec<f64>,
+}
+
+impl Row<'_> {
+    fn json(&self) -> serde_json::Value {
+        let ns: Vec<u64> = self.samples.iter().map(|s| (s * 1e9).round() as u64).collect();
+        let ts: Vec<f64> = self.samples.iter().map(|s| self.n as f64 / s).collect();
+        let (avg_ns, sd_ns) = mean_sd(&self.samples.iter().map(|s| s * 1e9).collect::<Vec<_>>());
+        let (avg_ts, sd_ts) = mean_sd(&ts);
+        serde_json::json!({
+            "build_version": env!("CARGO_PKG_VERSION"),
+            "cpu_info": cpu_info(),
+            "model_type": self.info.label,
+            "model_size": self.info.size_bytes,
+            "model_n_params": self.n_params,
+            "backends": self.backend,
+            "dtype": self.info.dtype,
+            "type_k": self.info.kv,
+            "type_v": self.info.kv,
+            "n_threads": self.threads,
+            "n_prompt": if self.kind == "pp" { self.n } else { 0 },
+            "n_gen": if self.kind == "tg" { self.n } else { 0 },
+            "test": format!("{}{}", self.kind, self.n),
+            "avg_ns": avg_ns.round() as u64,
+            "stddev_ns": sd_ns.round() as u64,
+            "avg_ts": avg_ts,
+            "stddev_ts": sd_ts,
+            "samples_ns": ns,
+            "samples_ts": ts,
+        })
+    }
+}
+
+const CSV_FIELDS: [&str; 19] = [
+    "build_version",
+    "cpu_info",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "backends",
+    "dtype",
+    "type_k",
+    "type_v",
+    "n_threads",
+    "n_prompt",
+    "n_gen",
+    "test",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
+    "samples_ns",
+    "samples_ts",
+];
+
+/// Writes rows in the chosen format as they are measured.
+struct Printer {
+    format: OutputFormat,
+    rows: usize,
+}
+
+impl Printer {
+    fn begin(format: OutputFormat) -> anyhow::Result<Self> {
+        match format {
+            OutputFormat::Md => {
+                super::outln!("| model | size | params | backend | dtype | threads | test | t/s |");
+                super::outln!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
+            }
+            OutputFormat::Json => super::outln!("["),
+            OutputFormat::Csv => super::outln!("{}", CSV_FIELDS.join(",")),
+            OutputFormat::Jsonl => {}
+        }
+        Ok(Printer { format, rows: 0 })
+    }
+
+    fn row(&mut self, row: &Row) -> anyhow::Result<()> {
+        let v = row.json();
+        match self.format {
+            OutputFormat::Md => {
+                let (mean, sd) =
+                    (v["avg_ts"].as_f64().unwrap_or(f64::NAN), v["stddev_ts"].as_f64().unwrap_or(f64::NAN));
+                let t = row.threads.map_or("-".to_owned(), |t| t.to_string());
+                super::outln!(
+                    "| {} | {:.2} GiB | {:.1} M | {} | {} | {t} | {}{} | {mean:.2} ± {sd:.2} |",
+                    row.info.label,
+                    row.info.size_bytes as f64 / (1u64 << 30) as f64,
+                    row.n_params as f64 / 1e6,
+                    row.backend,
+                    row.info.dtype,
+                    row.kind,
+                    row.n
+                );
+            }
+            OutputFormat::Json => {
+                let sep = if self.rows > 0 { "," } else { "" };
+                super::outln!("{sep}{}", serde_json::to_string_pretty(&v)?);
+            }
+            OutputFormat::Jsonl => super::outln!("{v}"),
+            OutputFormat::Csv => {
+                let cell = |x: &serde_json::Value| match x {
+                    serde_json::Value::String(s) => format!("\"{}\"", s.replace('"', "\"\"")),
+                    serde_json::Value::Array(a) => {
+                        format!("\"{}\"", a.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" "))
+                    }
+                    serde_json::Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+                let cells: Vec<String> = CSV_FIELDS.iter().map(|f| cell(&v[*f])).collect();
+                super::outln!("{}", cells.join(","));
+            }
+        }
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn end(self) -> anyhow::Result<()> {
+        if self.format == OutputFormat::Json {
+            super::outln!("]");
+        }
+        Ok(())
+    }
 }
 
 fn bench_on<B: Backend>(
@@ -107,29 +295,19 @@ fn bench_on<B: Backend>(
     config: Gpt2Config,
     store: &WeightStore,
 ) -> anyhow::Result<()> {
-    let params_m = config.n_params() as f64 / 1e6;
+    let n_params = config.n_params();
     let model = Gpt2::load(&backend, config, store)?;
-    let n_ctx = model.config().n_positions;
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
     let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
-    super::outln!("| model | size | params | backend | dtype | threads | test | t/s |");
-    super::outln!("| --- | ---: | ---: | --- | --- | ---: | --- | ---: |");
+    let mut printer = Printer::begin(args.output)?;
     let mut rng = Rng::new(1);
     let vocab = model.config().vocab_size as u64;
     for &t in &threads {
-        anyhow::ensure!(t > 0, "-t must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
-        let tests = args
-            .n_prompt
-            .iter()
-            .filter(|&&n| n > 0)
-            .map(|&n| ("pp", n))
-            .chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n)));
-        for (kind, n) in tests {
-            anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx}");
+        for (kind, n) in tests(args) {
             let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
-            let mut rates = Vec::new();
+            let mut samples = Vec::new();
             // One KV cache per test, reused by every repetition (each starts again at
             // position 0), as a server reuses its caches and llama-bench its context.
             let mut cache = model.new_cache(&backend, n)?;
@@ -165,21 +343,14 @@ fn bench_on<B: Backend>(
                     })
                     .with_context(|| format!("running {kind}{n}"))?;
                 if rep > 0 {
-                    rates.push(n as f64 / seconds);
+                    samples.push(seconds);
                 }
             }
-            let (mean, sd) = mean_sd(&rates);
-            let t = if on_gpu { "-".to_string() } else { t.to_string() };
-            super::outln!(
-                "| {} | {:.2} GiB | {params_m:.1} M | {} | {} | {t} | {kind}{n} | {mean:.2} ± {sd:.2} |",
-                info.label,
-                info.size_gib,
-                backend.name(),
-                info.dtype
-            );
+            let threads = (!on_gpu).then_some(t);
+            printer.row(&Row { info, n_params, backend: backend.name().to_owned(), threads, kind, n, samples })?;
         }
     }
-    Ok(())
+    printer.end()
 }
 
 /// Read a 1 GiB buffer (huge pages) with all threads; report the median of `-r` runs.
@@ -191,7 +362,6 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     super::outln!("| test | threads | GB/s (median) | GB/s (best) |");
     super::outln!("| --- | ---: | ---: | ---: |");
     for &t in &threads {
-        anyhow::ensure!(t > 0, "-t must be at least 1");
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
         let mut rates: Vec<f64> = (0..=args.repetitions)
             .map(|_| {

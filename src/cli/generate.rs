@@ -1,47 +1,88 @@
 //! `forge generate`: prompt → streamed text (or one JSON object with --json).
+//!
+//! Flag names follow llama.cpp's `llama-cli` (`-p`, `-f`, `-n`, `--temp`, `-s`, `-c`,
+//! `--min-p`, `--repeat-penalty`, ...), with the older long names kept as aliases.
 
-use std::io::Write;
-use std::time::Instant;
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::Backend;
-use batch_forge::engine::{Engine, GenerateParams, SamplingParams, StopReason};
+use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
 use batch_forge::tokenizer::StreamDecoder;
 
 use super::{BackendArgs, BackendChoice, with_backend};
 
+/// `-s/--seed`: a number, or -1 for a random one (printed so the run can be repeated).
+#[derive(Clone, Copy, Debug)]
+pub struct Seed(Option<u64>);
+
+fn parse_seed(s: &str) -> Result<Seed, String> {
+    if s == "-1" {
+        return Ok(Seed(None));
+    }
+    s.parse::<u64>()
+        .map(|v| Seed(Some(v)))
+        .map_err(|_| format!("{s:?} is not a seed: use 0 to 2^64-1, or -1 for a random one"))
+}
+
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// The prompt (empty: start from <|endoftext|>).
-    #[arg(conflicts_with = "prompt")]
+    /// The prompt (same as -p; `-` reads stdin). Without any: read from stdin when it is
+    /// not a terminal, else start from the model's BOS token (<|endoftext|> for GPT-2).
+    #[arg(value_name = "PROMPT", conflicts_with_all = ["prompt", "file"])]
     prompt_pos: Option<String>,
-    /// The prompt, as an option.
-    #[arg(long)]
+    /// The prompt.
+    #[arg(short = 'p', long, conflicts_with = "file", allow_hyphen_values = true)]
     prompt: Option<String>,
+    /// Read the prompt from a file (`-` = stdin); one trailing newline is dropped, as llama.cpp does.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    file: Option<PathBuf>,
     /// Model folder (config.json, model.safetensors, tokenizer.json) or Hub repo id.
     #[arg(long, short, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Number of tokens to generate (fewer if EOS comes first or the context fills).
-    #[arg(long, short = 'n', default_value_t = 100)]
-    max_new_tokens: usize,
-    /// Always take the most likely token (same as --temperature 0).
-    #[arg(long)]
+    /// Tokens to generate; -1 = until end of text or the context is full.
+    #[arg(short = 'n', long = "n-predict", visible_alias = "max-new-tokens", value_name = "N", default_value_t = 100,
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    n_predict: i64,
+    /// Always take the most likely token (same as --temp 0).
+    #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "min_p"])]
     greedy: bool,
     /// Softmax temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(
+        long = "temp",
+        visible_alias = "temperature",
+        value_name = "T",
+        default_value_t = 0.8,
+        allow_negative_numbers = true
+    )]
     temperature: f32,
     /// Sample among the K most likely tokens only; 0 turns the cut off.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, value_name = "K", default_value_t = 40)]
     top_k: usize,
-    /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1].
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1]; 1 = off.
+    #[arg(long, value_name = "P", default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
-    /// RNG seed for sampling (default: from the clock; printed with --json).
-    #[arg(long)]
-    seed: Option<u64>,
+    /// Drop tokens less likely than P times the most likely one, P in [0, 1]; 0 = off.
+    #[arg(long, value_name = "P", default_value_t = 0.05, allow_negative_numbers = true)]
+    min_p: f32,
+    /// Penalize tokens seen in the last --repeat-last-n (prompt included); 1 = off.
+    #[arg(long, value_name = "X", default_value_t = 1.0, allow_negative_numbers = true)]
+    repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty considers; 0 = off, -1 = the whole context.
+    #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    repeat_last_n: i64,
+    /// RNG seed for sampling; -1 (the default) picks one and prints it on stderr.
+    #[arg(short = 's', long, value_name = "SEED", allow_negative_numbers = true, value_parser = parse_seed)]
+    seed: Option<Seed>,
+    /// Use at most N positions of the model's context (prompt + generated); 0 = all of it.
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
+    ctx_size: usize,
     #[command(flatten)]
     backend: BackendArgs,
     /// Worker threads (default: the physical cores available to this process).
@@ -53,50 +94,174 @@ pub struct GenerateArgs {
     /// Also print prompt and generated token ids (to stderr).
     #[arg(long)]
     show_ids: bool,
-    /// Keep generating after <|endoftext|>.
+    /// Keep generating after the end-of-text token.
     #[arg(long)]
     ignore_eos: bool,
 }
 
+/// Where the prompt text came from, for the stderr note.
+enum PromptSource {
+    Argument,
+    File(PathBuf),
+    Stdin,
+    None,
+}
+
+/// Drop one trailing newline (`\n` or `\r\n`), as llama.cpp does for `-f`.
+fn drop_trailing_newline(mut s: String) -> String {
+    if s.ends_with('\n') {
+        s.pop();
+        if s.ends_with('\r') {
+            s.pop();
+        }
+    }
+    s
+}
+
+fn read_stdin() -> anyhow::Result<String> {
+    let mut buf = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut buf).context("reading the prompt from stdin")?;
+    String::from_utf8(buf)
+        .map_err(|e| anyhow::anyhow!("the prompt on stdin is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()))
+}
+
+impl GenerateArgs {
+    /// Every check that needs no model, device or input: bad flags are reported first.
+    fn validate(&self) -> anyhow::Result<()> {
+        self.backend.validate("generate")?;
+        if self.backend.backend == BackendChoice::Both {
+            anyhow::ensure!(
+                !self.json,
+                "--backend both prints a table of per-step logit differences; it has no --json output"
+            );
+        }
+        super::check_threads(self.threads.as_slice())?;
+        Ok(())
+    }
+
+    /// The sampling parameters; the seed is drawn here when it was not given.
+    fn sampling(&self, n_ctx: usize) -> anyhow::Result<SamplingParams> {
+        let seed = match self.seed {
+            Some(Seed(Some(s))) => s,
+            _ => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+        };
+        let sampling = SamplingParams {
+            temperature: if self.greedy { 0.0 } else { self.temperature },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: if self.repeat_last_n < 0 { n_ctx } else { self.repeat_last_n as usize },
+            seed,
+        };
+        sampling.validate().map_err(anyhow::Error::msg)?;
+        Ok(sampling)
+    }
+
+    /// The context used: `-c`, or the model's whole context when it is 0.
+    fn n_ctx(&self, n_positions: usize) -> anyhow::Result<usize> {
+        anyhow::ensure!(
+            self.ctx_size <= n_positions,
+            "-c {} exceeds the model's context of {n_positions} tokens (it has no position embeddings beyond it)",
+            self.ctx_size
+        );
+        Ok(if self.ctx_size > 0 { self.ctx_size } else { n_positions })
+    }
+
+    fn params(&self, sampling: SamplingParams) -> GenerateParams {
+        GenerateParams {
+            max_new_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
+            sampling,
+            ignore_eos: self.ignore_eos,
+            max_context: (self.ctx_size > 0).then_some(self.ctx_size),
+        }
+    }
+
+    /// The prompt text and where it came from.
+    fn prompt_text(&self) -> anyhow::Result<(String, PromptSource)> {
+        if let Some(p) = self.prompt.as_ref().or(self.prompt_pos.as_ref()) {
+            if p == "-" {
+                return Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin));
+            }
+            return Ok((p.clone(), PromptSource::Argument));
+        }
+        match &self.file {
+            Some(f) if f.as_os_str() == "-" => Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin)),
+            Some(f) => {
+                let bytes =
+                    std::fs::read(f).with_context(|| format!("-f {}: cannot read the prompt file", f.display()))?;
+                let text = String::from_utf8(bytes).map_err(|e| {
+                    anyhow::anyhow!("-f {}: not valid UTF-8 (byte {})", f.display(), e.utf8_error().valid_up_to())
+                })?;
+                Ok((drop_trailing_newline(text), PromptSource::File(f.clone())))
+            }
+            None if !std::io::stdin().is_terminal() => Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin)),
+            None => Ok((String::new(), PromptSource::None)),
+        }
+    }
+}
+
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-    });
-    let sampling = SamplingParams {
-        temperature: if args.greedy { 0.0 } else { args.temperature },
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed,
-    };
-    sampling.validate().map_err(anyhow::Error::msg)?;
-    args.backend.validate("generate")?;
+    // Flags first (a cheap check of the sampling values too; the seed and the
+    // whole-context window are settled once the model is known).
+    args.validate()?;
+    args.sampling(0)?;
+    super::warn_threads(args.threads.as_slice());
+    let (prompt, source) = args.prompt_text()?;
     if args.backend.backend == BackendChoice::Both {
         #[cfg(feature = "gpu")]
-        return super::in_pool(args.threads, || lockstep(&args, sampling));
+        return super::in_pool(args.threads, || lockstep(&args, &prompt, &source));
         #[cfg(not(feature = "gpu"))]
         return Err(super::no_gpu_build());
     }
-    super::in_pool(args.threads, || with_backend!(args.backend, |b| run_on(b, &args, sampling)))
+    super::in_pool(args.threads, || with_backend!(args.backend, |b| run_on(b, &args, &prompt, &source)))
+}
+
+/// Tokenize the prompt (an empty one is the model's BOS token, GPT-2's convention) and
+/// say on stderr how many tokens came from a file or stdin.
+fn prompt_ids<B: Backend>(engine: &Engine<B>, prompt: &str, source: &PromptSource) -> Vec<u32> {
+    let ids =
+        if prompt.is_empty() { vec![engine.model.config().bos_token_id] } else { engine.tokenizer.encode(prompt) };
+    let n = if prompt.is_empty() { 0 } else { ids.len() };
+    let from = match source {
+        PromptSource::File(f) => Some(format!("{}", f.display())),
+        PromptSource::Stdin => Some("stdin".to_owned()),
+        PromptSource::Argument | PromptSource::None => None,
+    };
+    if let Some(from) = from {
+        let start = if n == 0 { "; starting from the BOS token" } else { "" };
+        eprintln!("read {n} prompt tokens from {from}{start}");
+    }
+    ids
+}
+
+/// A sampled run says its seed, so a good sample can be reproduced.
+fn announce_seed(sampling: &SamplingParams) {
+    if !sampling.is_greedy() {
+        eprintln!("seed: {} (pass -s {} to repeat this run)", sampling.seed, sampling.seed);
+    }
 }
 
 /// `--backend both`: the cpu and gpu backends step together on the same tokens (the
 /// cpu's choices). Each step prints the max |logit difference| and both argmaxes; the
 /// first step whose argmax differs ends the run with an error naming it.
 #[cfg(feature = "gpu")]
-fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
+fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     use batch_forge::backend::cpu::CpuBackend;
     use batch_forge::backend::gpu::GpuBackend;
     use batch_forge::engine::lockstep::lockstep;
 
-    let dir = super::model_dir(&args.model, true)?;
+    let dir = super::model_dir(&args.model, true, "generate")?;
     let cpu = Engine::load_dir(CpuBackend::new(args.backend.cpu_options()?)?, &dir)?;
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
+    super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();
     let gpu = Engine::load_dir(gpu_backend, &dir)?;
     let tok = &cpu.tokenizer;
-    let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
-    let prompt_ids = if prompt.is_empty() { vec![cpu.model.config().bos_token_id] } else { tok.encode(prompt) };
-    let params = GenerateParams { max_new_tokens: args.max_new_tokens, sampling, ignore_eos: args.ignore_eos };
+    let prompt_ids = prompt_ids(&cpu, prompt, source);
+    let sampling = args.sampling(args.n_ctx(cpu.model.config().n_positions)?)?;
+    announce_seed(&sampling);
+    let params = args.params(sampling);
     super::outln!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
     super::outln!("| step | tokens in | max abs logit diff | cpu argmax | gpu argmax | next token |");
     super::outln!("| ---: | ---: | ---: | ---: | ---: | --- |");
@@ -121,18 +286,95 @@ fn lockstep(args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()>
     Ok(())
 }
 
-fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams) -> anyhow::Result<()> {
+/// The three phases of a run, each with its own token count and time (llama.cpp's
+/// `load time`, `prompt eval time`, `eval time`). The first generated token comes from
+/// the prompt pass; each later one from one decode step.
+struct PhaseTimings {
+    load: Duration,
+    prompt_tokens: usize,
+    prompt: Duration,
+    decode_steps: usize,
+    decode: Duration,
+    generated: usize,
+}
+
+impl PhaseTimings {
+    fn new(load: Duration, g: &Generation) -> Self {
+        PhaseTimings {
+            load,
+            prompt_tokens: g.prompt_ids.len(),
+            prompt: g.timings.prefill,
+            decode_steps: g.generated_ids.len().saturating_sub(1),
+            decode: g.timings.decode,
+            generated: g.generated_ids.len(),
+        }
+    }
+
+    fn rate(n: usize, t: Duration) -> Option<f64> {
+        (n > 0 && t > Duration::ZERO).then(|| n as f64 / t.as_secs_f64())
+    }
+
+    fn total(&self) -> Duration {
+        self.load + self.prompt + self.decode
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "load_s": self.load.as_secs_f64(),
+            "prompt_tokens": self.prompt_tokens,
+            "prompt_s": self.prompt.as_secs_f64(),
+            "prompt_tok_s": Self::rate(self.prompt_tokens, self.prompt),
+            "decode_steps": self.decode_steps,
+            "decode_s": self.decode.as_secs_f64(),
+            "decode_tok_s": Self::rate(self.decode_steps, self.decode),
+            "generated_tokens": self.generated,
+            "total_s": self.total().as_secs_f64(),
+        })
+    }
+
+    /// llama.cpp-style lines for stderr.
+    fn print(&self, backend: &str) {
+        let line = |name: &str, t: Duration, n: usize, unit: &str| {
+            let ms = t.as_secs_f64() * 1e3;
+            match Self::rate(n, t) {
+                Some(r) => eprintln!(
+                    "{name:>10} = {ms:10.2} ms / {n:5} {unit:6} ({:8.2} ms per token, {r:8.2} tokens per second)",
+                    ms / n as f64
+                ),
+                None => eprintln!("{name:>10} = {ms:10.2} ms / {n:5} {unit}"),
+            }
+        };
+        eprintln!("timings on {backend}:");
+        eprintln!("{:>10} = {:10.2} ms", "load", self.load.as_secs_f64() * 1e3);
+        line("prompt", self.prompt, self.prompt_tokens, "tokens");
+        line("decode", self.decode, self.decode_steps, "steps");
+        eprintln!(
+            "{:>10} = {:10.2} ms, {} tokens generated (the first by the prompt pass)",
+            "total",
+            self.total().as_secs_f64() * 1e3,
+            self.generated
+        );
+    }
+}
+
+fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     let load_start = Instant::now();
-    let dir = super::model_dir(&args.model, true)?;
+    let dir = super::model_dir(&args.model, true, "generate")?;
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
-    let prompt = args.prompt.as_deref().or(args.prompt_pos.as_deref()).unwrap_or("");
-    let prompt_ids = if prompt.is_empty() { vec![engine.model.config().bos_token_id] } else { tok.encode(prompt) };
+    let n_positions = engine.model.config().n_positions;
+    let n_ctx = args.n_ctx(n_positions)?;
+    let prompt_ids = prompt_ids(&engine, prompt, source);
+    if prompt_ids.len() > n_ctx {
+        let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
+        anyhow::bail!("the prompt is {} tokens but {whose} is {n_ctx}; shorten the prompt", prompt_ids.len());
+    }
+    let sampling = args.sampling(n_ctx)?;
+    announce_seed(&sampling);
     let eos = engine.model.config().eos_token_id;
+    let params = args.params(sampling.clone());
 
-    let params =
-        GenerateParams { max_new_tokens: args.max_new_tokens, sampling: sampling.clone(), ignore_eos: args.ignore_eos };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut stream = StreamDecoder::new();
@@ -152,10 +394,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
     let tail = stream.finish();
     text.push_str(&tail);
 
-    let n_new = result.generated_ids.len();
-    let (prefill_s, decode_s) = (result.timings.prefill.as_secs_f64(), result.timings.decode.as_secs_f64());
-    let decode_steps = n_new.saturating_sub(1);
-    let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    let timings = PhaseTimings::new(load_time, &result);
     if args.json {
         let obj = serde_json::json!({
             "prompt_ids": result.prompt_ids,
@@ -165,15 +404,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
             "stop_reason": result.stop.as_str(),
             "seed": sampling.seed,
             "greedy": sampling.is_greedy(),
-            "timings": {
-                "load_s": load_time.as_secs_f64(),
-                "prefill_s": prefill_s,
-                "decode_s": decode_s,
-                "prompt_tokens": result.prompt_ids.len(),
-                "generated_tokens": n_new,
-                "prefill_tok_s": rate(result.prompt_ids.len(), prefill_s),
-                "decode_tok_s": rate(decode_steps, decode_s),
-            },
+            "timings": timings.json(),
         });
         writeln!(out, "{obj}").context("writing to stdout")?;
     } else {
@@ -181,22 +412,13 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, sampling: SamplingParams)
     }
     drop(out);
     if result.stop == StopReason::ContextFull {
-        eprintln!(
-            "[stopped after {n_new} tokens: the model's context of {} tokens is full]",
-            engine.model.config().n_positions
-        );
+        let whose = if n_ctx < n_positions { "context size (-c)" } else { "model's context" };
+        eprintln!("[stopped after {} tokens: the {whose} of {n_ctx} tokens is full]", result.generated_ids.len());
     }
     if args.show_ids {
         eprintln!("prompt ids: {:?}", result.prompt_ids);
         eprintln!("generated ids: {:?}", result.generated_ids);
     }
-    eprintln!(
-        "[prompt {} tokens in {prefill_s:.2}s = {:.1} tok/s; generated {n_new} tokens in {:.2}s = {:.1} tok/s on {}]",
-        result.prompt_ids.len(),
-        rate(result.prompt_ids.len(), prefill_s),
-        prefill_s + decode_s,
-        rate(decode_steps, decode_s),
-        engine.backend.name()
-    );
+    timings.print(&engine.backend.name());
     Ok(())
 }

@@ -28,6 +28,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Print the token ids of a text (or of JSON lines on stdin with --jsonl).
     Tokenize(tokenize::TokenizeArgs),
+    /// Print the text of token ids (or of JSON lines on stdin with --jsonl).
+    Detokenize(tokenize::DetokenizeArgs),
     /// Measure prompt processing (pp) and token generation (tg) speed, llama-bench style.
     Bench(bench::BenchArgs),
     /// Write a random-weight GPT-2 checkpoint folder of any published size.
@@ -124,6 +126,17 @@ impl BackendArgs {
     }
 }
 
+/// A software adapter is the only one: say that `--backend gpu` runs on the CPU here.
+#[cfg(feature = "gpu")]
+pub fn warn_if_software(gpu: &batch_forge::backend::gpu::GpuBackend) {
+    if gpu.is_software() {
+        eprintln!(
+            "warning: {} is a software rasterizer: --backend gpu runs on the CPU here, far slower than --backend cpu",
+            gpu.adapter_info().name
+        );
+    }
+}
+
 /// The error for `--backend gpu` in a build without the `gpu` feature.
 #[cfg(not(feature = "gpu"))]
 pub fn no_gpu_build() -> anyhow::Error {
@@ -158,6 +171,7 @@ macro_rules! with_backend {
                 {
                     let $b = batch_forge::backend::gpu::GpuBackend::new($args.gpu_options()?)?;
                     eprintln!("gpu: {}", $b.description());
+                    $crate::cli::warn_if_software(&$b);
                     if $args.dtype == $crate::cli::DtypeChoice::F16 && !$b.has_f16() {
                         eprintln!("warning: this adapter has no shader-f16; weights stay f32");
                     }
@@ -180,6 +194,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Detokenize(a) => tokenize::run_detokenize(a),
         Command::Bench(a) => bench::run(a),
         Command::RandomModel(a) => random_model::run(a),
         Command::Devices => devices::run(),
@@ -187,9 +202,104 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// `--model`: a local folder, or a Hub id resolved through the HF cache.
-pub fn model_dir(model: &str, weights: bool) -> anyhow::Result<PathBuf> {
-    loaders::resolve_model(model, &HubClient::from_env(), weights)
+/// llama.cpp flags that have no meaning here, with the reason, so a user typing them by
+/// habit gets "not supported" rather than a misparse (`-ngl` read as `-n gl`).
+const UNSUPPORTED: &[(&[&str], &str)] = &[
+    (&["-ngl", "--gpu-layers", "--n-gpu-layers"], "the whole model runs on one backend; use --backend gpu"),
+    (&["-fa", "--flash-attn"], "attention is always fused (one pass with an online softmax)"),
+    (&["-b", "--batch-size", "-ub", "--ubatch-size"], "the prompt is processed in one pass"),
+    (&["--mlock", "--no-mmap", "--mmap", "-mmp", "--numa"], "weights are memory-mapped once and converted at load"),
+    (&["-nkvo", "--no-kv-offload"], "the KV cache lives where the backend runs"),
+    (&["-pg"], "combined prompt+generation tests are not implemented; use -p and -n"),
+    (
+        &["-sm", "--split-mode", "-mg", "--main-gpu", "-ts", "--tensor-split", "-dev", "--device"],
+        "one GPU is used; BATCH_FORGE_GPU picks it",
+    ),
+    (&["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"], "use --kv-dtype f32|f16"),
+    (
+        &["-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first", "-r", "--reverse-prompt"],
+        "generate runs one prompt; there is no interactive mode yet",
+    ),
+    (
+        &[
+            "--mirostat",
+            "--mirostat-lr",
+            "--mirostat-ent",
+            "--typical",
+            "--xtc-probability",
+            "--xtc-threshold",
+            "--dry-multiplier",
+            "--presence-penalty",
+            "--frequency-penalty",
+        ],
+        "this sampler is not implemented (use --temp, --top-k, --top-p, --min-p, --repeat-penalty)",
+    ),
+    (&["--grammar", "--grammar-file", "-j", "--json-schema"], "constrained sampling is not implemented"),
+    (&["--lora", "--lora-scaled", "--control-vector"], "adapters are not implemented"),
+    (&["-e", "--escape", "--no-escape"], "the prompt is used exactly as given (no escape processing)"),
+];
+
+/// Options whose next argument is a value (so `-p -fa` is a prompt, not a flag).
+const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model"];
+
+/// The "not supported" error for the first llama.cpp-only flag in `args` (the
+/// arguments after the program name), for `generate` and `bench`. `-r` means
+/// repetitions in `bench` (llama-bench's), so it is only refused for `generate`.
+pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
+    let command = args.first()?.to_str()?;
+    if !matches!(command, "generate" | "bench") {
+        return None;
+    }
+    let mut skip = false;
+    for arg in &args[1..] {
+        let Some(arg) = arg.to_str() else { continue };
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if arg == "--" {
+            break;
+        }
+        if TAKES_VALUE.contains(&arg) {
+            skip = true;
+            continue;
+        }
+        let flag = arg.split('=').next().unwrap_or(arg);
+        if command == "bench" && flag == "-r" {
+            continue; // llama-bench's -r is repetitions, as ours
+        }
+        if let Some((_, why)) = UNSUPPORTED.iter().find(|(names, _)| names.contains(&flag)) {
+            return Some(format!("not supported: {flag}: {why}"));
+        }
+    }
+    None
+}
+
+/// `--model`: a local folder, or a Hub id resolved through the HF cache. `command` is
+/// the subcommand, named in the hint for fetching a missing model.
+pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
+    loaders::resolve_model(model, &HubClient::from_env(), weights, command)
+}
+
+/// More threads than this is a typo, not a setting.
+pub const MAX_THREADS: usize = 1024;
+
+/// `-t` values: each at least 1 and at most [`MAX_THREADS`].
+pub fn check_threads(threads: &[usize]) -> anyhow::Result<()> {
+    for &t in threads {
+        anyhow::ensure!(t >= 1, "-t/--threads must be at least 1");
+        anyhow::ensure!(t <= MAX_THREADS, "-t/--threads {t}: at most {MAX_THREADS}");
+    }
+    Ok(())
+}
+
+/// A warning on stderr for thread counts above the CPUs this process may use.
+pub fn warn_threads(threads: &[usize]) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(&t) = threads.iter().filter(|&&t| t > cpus).max() {
+        eprintln!(
+            "warning: -t {t} is more than the {cpus} CPUs this process may use; the extra threads only wait for each other"
+        );
+    }
 }
 
 /// Physical cores this process may run on: the CPUs in its affinity mask, counted once
@@ -229,7 +339,7 @@ pub fn physical_cores() -> usize {
 /// parallel op's fork/join within the workers (no cross-thread wake-up per op).
 pub fn in_pool<R: Send>(threads: Option<usize>, f: impl FnOnce() -> anyhow::Result<R> + Send) -> anyhow::Result<R> {
     let n = threads.unwrap_or_else(physical_cores);
-    anyhow::ensure!(n > 0, "--threads must be at least 1");
+    check_threads(&[n])?;
     rayon::ThreadPoolBuilder::new().num_threads(n).build()?.install(f)
 }
 

@@ -45,7 +45,8 @@ pub fn lockstep<A: Backend, B: Backend>(
     mut on_step: impl FnMut(&LockstepStep) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<LockstepStep>> {
     ensure!(a.model.config() == b.model.config(), "the two engines must load the same model");
-    let n_ctx = a.model.config().n_positions;
+    let n_positions = a.model.config().n_positions;
+    let n_ctx = params.max_context.map_or(n_positions, |c| c.min(n_positions));
     ensure!(!prompt_ids.is_empty(), "the prompt is empty");
     ensure!(prompt_ids.len() <= n_ctx, "the prompt is {} tokens but the context is {n_ctx}", prompt_ids.len());
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
@@ -53,6 +54,7 @@ pub fn lockstep<A: Backend, B: Backend>(
     let mut cache_a = a.model.new_cache(&a.backend, capacity)?;
     let mut cache_b = b.model.new_cache(&b.backend, capacity)?;
     let mut sampler = Sampler::new(params.sampling.clone()).map_err(anyhow::Error::msg)?;
+    sampler.accept(prompt_ids);
     let (mut logits_a, mut logits_b) = (HostMatrix::zeros(0, 0), HostMatrix::zeros(0, 0));
     let (mut tokens, mut pos) = (prompt_ids.to_vec(), 0);
     let mut steps = Vec::new();
@@ -77,6 +79,7 @@ pub fn lockstep<A: Backend, B: Backend>(
             argmax_b: argmax(logits_b.row(0)),
             next: sampler.sample(logits_a.row(0)),
         };
+        sampler.accept(&[s.next]);
         on_step(&s)?;
         let (stop, next) = (!s.agrees() || (s.next == a.model.config().eos_token_id && !params.ignore_eos), s.next);
         steps.push(s);

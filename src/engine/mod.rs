@@ -27,6 +27,16 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Keep going after `<|endoftext|>`.
     pub ignore_eos: bool,
+    /// Use at most this many positions of the model's context (llama.cpp's `-c`);
+    /// `None`: all of it.
+    pub max_context: Option<usize>,
+}
+
+impl GenerateParams {
+    /// Greedy decoding of up to `max_new_tokens`, stopping at EOS, over the whole context.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        GenerateParams { max_new_tokens, sampling: SamplingParams::greedy(), ignore_eos: false, max_context: None }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +45,7 @@ pub enum StopReason {
     Length,
     /// The model produced the end-of-text token.
     Eos,
-    /// The model's context (`n_positions`) is full.
+    /// The context (the model's `n_positions`, or the `max_context` cap) is full.
     ContextFull,
 }
 
@@ -102,9 +112,16 @@ impl TokenPicker {
         Ok(TokenPicker { sampler, logits: HostMatrix::zeros(0, 0), device_ids: Vec::with_capacity(1) })
     }
 
+    /// Record the prompt's tokens (for the repetition penalty; chosen tokens are
+    /// recorded by [`TokenPicker::pick`]).
+    pub fn accept_prompt(&mut self, ids: &[u32]) {
+        self.sampler.accept(ids);
+    }
+
     /// The token after the row `out` (logits of shape (1, V)) at `position`, generation step `step`.
     pub fn pick<B: Backend>(&mut self, backend: &B, out: &B::Act, step: usize, position: usize) -> anyhow::Result<u32> {
-        if self.sampler.params().is_greedy() && backend.argmax_rows(out, &mut self.device_ids)? {
+        let params = self.sampler.params();
+        if params.is_greedy() && !params.penalizes() && backend.argmax_rows(out, &mut self.device_ids)? {
             return match self.device_ids[0] {
                 NON_FINITE_ROW => Err(non_finite(step, position, None)),
                 id => Ok(id),
@@ -113,7 +130,9 @@ impl TokenPicker {
         backend.to_host(out, &mut self.logits)?;
         let row = self.logits.row(0);
         ensure_finite(row, step, position)?;
-        Ok(self.sampler.sample(row))
+        let id = self.sampler.sample(row);
+        self.sampler.accept(&[id]);
+        Ok(id)
     }
 }
 
@@ -156,12 +175,16 @@ impl<B: Backend> Engine<B> {
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
-        let n_ctx = self.model.config().n_positions;
+        let n_positions = self.model.config().n_positions;
+        let n_ctx = params.max_context.map_or(n_positions, |c| c.min(n_positions));
         ensure!(!prompt_ids.is_empty(), "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
+        ensure!(n_ctx > 0, "the context size must be at least 1");
         if prompt_ids.len() > n_ctx {
-            bail!("the prompt is {} tokens but the model's context is {n_ctx}; shorten the prompt", prompt_ids.len());
+            let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
+            bail!("the prompt is {} tokens but {whose} is {n_ctx}; shorten the prompt", prompt_ids.len());
         }
         let mut picker = TokenPicker::new(params.sampling.clone())?;
+        picker.accept_prompt(prompt_ids);
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         let mut generation = Generation {

@@ -1,21 +1,41 @@
-//! Next-token selection: greedy, temperature, top-k, top-p, with a seeded RNG.
+//! Next-token selection: repetition penalty, greedy, temperature, top-k, top-p, min-p,
+//! with a seeded RNG.
 //!
-//! Order of operations (as in HF `generate`): logits / temperature → keep the top k →
-//! keep the smallest set whose probability reaches top p → draw. `temperature == 0`
-//! is greedy (argmax, lowest id on ties). `top_k == 0` means no top-k cut; `top_p == 1`
-//! means no nucleus cut.
+//! Order of operations: the repetition penalty on the raw logits (llama.cpp's and HF's
+//! formula: a positive logit of a recent token is divided by the penalty, a negative one
+//! multiplied) → logits / temperature → keep the top k → keep the smallest set whose
+//! probability reaches top p → drop tokens less likely than min p × the most likely one
+//! → draw (HF `generate`'s warper order). `temperature == 0` is greedy (argmax of the
+//! penalized logits, lowest id on ties). `top_k == 0`, `top_p == 1`, `min_p == 0` and
+//! `repeat_penalty == 1` (or `repeat_last_n == 0`) each turn their step off.
+
+use std::collections::VecDeque;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_k: usize,
     pub top_p: f32,
+    /// Keep only tokens whose probability is at least `min_p` times the top token's; 0 = off.
+    pub min_p: f32,
+    /// Penalty for tokens among the last `repeat_last_n` (prompt included); 1 = off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at; 0 = off, `usize::MAX` = all.
+    pub repeat_last_n: usize,
     pub seed: u64,
 }
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 0,
+            seed: 0,
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -25,11 +45,22 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
         }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min-p must be in [0, 1] (0 = off), got {}", self.min_p));
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(format!("repeat-penalty must be a finite number > 0 (1 = off), got {}", self.repeat_penalty));
+        }
         Ok(())
     }
 
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+
+    /// Whether the repetition penalty changes anything (and so needs the token history).
+    pub fn penalizes(&self) -> bool {
+        self.repeat_penalty != 1.0 && self.repeat_last_n > 0
     }
 }
 
@@ -60,9 +91,13 @@ impl Rng {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
-    /// Scratch reused across steps: (logit, id) candidates and their probabilities.
+    /// The last `repeat_last_n` tokens (prompt and generated), when the penalty is on.
+    history: VecDeque<u32>,
+    /// Scratch reused across steps: (logit, id) candidates, their probabilities, and the
+    /// distinct ids of the history.
     candidates: Vec<(f32, u32)>,
     probs: Vec<f64>,
+    recent: Vec<u32>,
 }
 
 /// Index of the largest value; the lowest index among equals. NaNs are never chosen.
@@ -76,20 +111,49 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// llama.cpp's (and HF's) repetition penalty of one logit.
+pub fn penalize(logit: f32, penalty: f32) -> f32 {
+    if logit <= 0.0 { logit * penalty } else { logit / penalty }
+}
+
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self, String> {
         params.validate()?;
-        Ok(Sampler { rng: Rng::new(params.seed), params, candidates: Vec::new(), probs: Vec::new() })
+        Ok(Sampler {
+            rng: Rng::new(params.seed),
+            params,
+            history: VecDeque::new(),
+            candidates: Vec::new(),
+            probs: Vec::new(),
+            recent: Vec::new(),
+        })
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
+    /// Record tokens of the sequence (the prompt, then each chosen token) for the
+    /// repetition penalty; a no-op when the penalty is off.
+    pub fn accept(&mut self, ids: &[u32]) {
+        if !self.params.penalizes() {
+            return;
+        }
+        let n = self.params.repeat_last_n;
+        let skip = ids.len().saturating_sub(n);
+        for &id in &ids[skip..] {
+            if self.history.len() == n {
+                self.history.pop_front();
+            }
+            self.history.push_back(id);
+        }
+    }
+
     /// The next token: an index into `logits`, never a NaN entry unless all are NaN.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        if p.is_greedy() || p.top_k == 1 {
+        let greedy = p.is_greedy() || p.top_k == 1;
+        if greedy && !p.penalizes() {
             return argmax(logits);
         }
         // Candidates ordered by raw logit: dividing by a positive temperature keeps the
@@ -98,8 +162,28 @@ impl Sampler {
         // first overflows f32 as t → 0 and turns the top logits into inf − inf = NaN).
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| (v, i as u32)));
+        c.extend(logits.iter().enumerate().map(|(i, &v)| (v, i as u32)));
+        if p.penalizes() {
+            let recent = &mut self.recent;
+            recent.clear();
+            recent.extend(self.history.iter().copied().filter(|&id| (id as usize) < c.len()));
+            recent.sort_unstable();
+            recent.dedup();
+            for &id in recent.iter() {
+                let v = &mut c[id as usize].0;
+                *v = penalize(*v, p.repeat_penalty);
+            }
+        }
+        c.retain(|(v, _)| !v.is_nan());
         let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if greedy {
+            // As `argmax`: the first of equal maxima (so -0.0 and 0.0 tie).
+            let best = c.iter().fold(None, |best: Option<(f32, u32)>, &(v, id)| match best {
+                Some((b, _)) if v <= b => best,
+                _ => Some((v, id)),
+            });
+            return best.map_or(0, |(_, id)| id);
+        }
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, desc);
             c.truncate(p.top_k);
@@ -128,6 +212,11 @@ impl Sampler {
                 }
             }
         }
+        // Min-p: probs[0] is the top token's (relative) probability, exactly 1.
+        if p.min_p > 0.0 {
+            let floor = f64::from(p.min_p) * probs[0];
+            keep = probs[..keep].iter().take_while(|&&pr| pr >= floor).count().max(1);
+        }
         let kept_mass: f64 = probs[..keep].iter().sum();
         let mut u = self.rng.next_f64() * kept_mass;
         for (i, pr) in probs[..keep].iter().enumerate() {
@@ -154,7 +243,10 @@ mod tests {
     #[test]
     fn invalid_params_are_rejected() {
         for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5), (f32::INFINITY, 0.5)] {
-            assert!(Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: p, seed: 0 }).is_err());
+            assert!(
+                Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: p, ..SamplingParams::greedy() })
+                    .is_err()
+            );
         }
     }
 
@@ -165,13 +257,27 @@ mod tests {
         // it should be almost greedy.
         let logits = [1.0, 10.0, 9.999, -3.0, f32::NAN, f32::NEG_INFINITY];
         for t in [1e-6, 1e-10, 1e-30, 1e-38, f32::MIN_POSITIVE, 1e-45] {
-            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: 1.0, seed: 1 }).unwrap();
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 1,
+                ..SamplingParams::greedy()
+            })
+            .unwrap();
             for _ in 0..200 {
                 assert_eq!(s.sample(&logits), 1, "temperature {t}");
             }
         }
         // Exact ties at the top share the draw even as t → 0.
-        let mut s = Sampler::new(SamplingParams { temperature: 1e-40, top_k: 0, top_p: 1.0, seed: 3 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1e-40,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 3,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         let picks: Vec<u32> = (0..200).map(|_| s.sample(&[5.0, 5.0, 1.0])).collect();
         assert!(picks.contains(&0) && picks.contains(&1) && !picks.contains(&2));
     }
@@ -180,20 +286,41 @@ mod tests {
     fn extreme_parameters_stay_well_defined() {
         let logits = [0.5, -1.0, 3.0, f32::MAX, -f32::MAX];
         for (t, k, p) in [(f32::MAX, 0, 1.0), (1e30, 3, 1e-30), (1.0, usize::MAX, 0.5), (1e-45, 2, 1.0)] {
-            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: k, top_p: p, seed: 9 }).unwrap();
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+                seed: 9,
+                ..SamplingParams::greedy()
+            })
+            .unwrap();
             for _ in 0..50 {
                 assert!((s.sample(&logits) as usize) < logits.len());
             }
         }
         // A vast temperature flattens the distribution to uniform: every id appears.
-        let mut s = Sampler::new(SamplingParams { temperature: 1e30, top_k: 0, top_p: 1.0, seed: 5 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1e30,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 5,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         let mut seen = [false; 4];
         for _ in 0..400 {
             seen[s.sample(&[0.0, 100.0, -100.0, 7.0]) as usize] = true;
         }
         assert_eq!(seen, [true; 4]);
         // Infinite logits: +inf wins; all -inf gives a valid id; all NaN gives 0.
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 5 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 5,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         assert_eq!(s.sample(&[1.0, f32::INFINITY, 2.0]), 1);
         assert!(s.sample(&[f32::NEG_INFINITY; 3]) < 3);
         assert_eq!(s.sample(&[f32::NAN; 3]), 0);
@@ -202,11 +329,25 @@ mod tests {
     #[test]
     fn top_k_and_top_p_restrict_the_support() {
         let logits = [0.0, 5.0, 4.9, 4.8, -3.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: 7 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            seed: 7,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         for _ in 0..200 {
             assert!(matches!(s.sample(&logits), 1 | 2));
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.3, seed: 7 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.3,
+            seed: 7,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         for _ in 0..200 {
             assert_eq!(s.sample(&logits), 1);
         }
@@ -216,14 +357,86 @@ mod tests {
     fn sampling_follows_the_distribution_and_is_seeded() {
         // p = softmax([0, ln 3]) = [0.25, 0.75]
         let logits = [0.0, 3f32.ln()];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 42 }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 42,
+            ..SamplingParams::greedy()
+        })
+        .unwrap();
         let ones = (0..20_000).filter(|_| s.sample(&logits) == 1).count() as f64 / 20_000.0;
         assert!((ones - 0.75).abs() < 0.015, "{ones}");
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed }).unwrap();
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 0.8,
+                top_k: 0,
+                top_p: 1.0,
+                seed,
+                ..SamplingParams::greedy()
+            })
+            .unwrap();
             (0..50).map(|_| s.sample(&[0.1, 0.2, 0.3, 0.4])).collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_within_a_factor_of_the_top() {
+        // Relative probabilities 1, 0.5, 0.1, 0.05: min-p 0.2 keeps ids 0 and 1 (2/3, 1/3).
+        let logits = [0.0, 0.5f32.ln(), 0.1f32.ln(), 0.05f32.ln()];
+        let params = SamplingParams { temperature: 1.0, min_p: 0.2, seed: 11, ..SamplingParams::greedy() };
+        let mut s = Sampler::new(params).unwrap();
+        let mut counts = [0usize; 4];
+        for _ in 0..30_000 {
+            counts[s.sample(&logits) as usize] += 1;
+        }
+        assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
+        let share = counts[1] as f64 / 30_000.0;
+        assert!((share - 1.0 / 3.0).abs() < 0.015, "{share}");
+        // min-p 1 keeps only the top token; 0 keeps all.
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, min_p: 1.0, ..SamplingParams::greedy() }).unwrap();
+        assert!((0..100).all(|_| s.sample(&logits) == 0));
+        for bad in [-0.1, 1.5, f32::NAN] {
+            assert!(Sampler::new(SamplingParams { min_p: bad, ..SamplingParams::greedy() }).is_err());
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_follows_llama_cpp() {
+        // Positive logits of recent tokens are divided, negative ones multiplied.
+        assert_eq!(penalize(3.0, 1.5), 2.0);
+        assert_eq!(penalize(-3.0, 1.5), -4.5);
+        let logits = [2.0, 1.5, -1.0, 0.5];
+        let params = SamplingParams { repeat_penalty: 2.0, repeat_last_n: 2, ..SamplingParams::greedy() };
+        let mut s = Sampler::new(params.clone()).unwrap();
+        assert_eq!(s.sample(&logits), 0, "no history yet");
+        s.accept(&[0]);
+        assert_eq!(s.sample(&logits), 1, "2.0 / 2 = 1.0 < 1.5");
+        s.accept(&[1, 3]); // the window of 2 now holds 1 and 3: id 0 is free again
+        assert_eq!(s.sample(&logits), 0);
+        // Only the last `repeat_last_n` ids of a long accept count.
+        let mut s = Sampler::new(params).unwrap();
+        s.accept(&[0, 0, 0, 2, 3]);
+        assert_eq!(s.sample(&logits), 0);
+        // Off when the penalty is 1 or the window 0: history is not even kept.
+        for params in [
+            SamplingParams { repeat_penalty: 1.0, repeat_last_n: 64, ..SamplingParams::greedy() },
+            SamplingParams { repeat_penalty: 3.0, repeat_last_n: 0, ..SamplingParams::greedy() },
+        ] {
+            let mut s = Sampler::new(params).unwrap();
+            s.accept(&[0]);
+            assert_eq!(s.sample(&logits), 0);
+            assert!(s.history.is_empty());
+        }
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(Sampler::new(SamplingParams { repeat_penalty: bad, ..SamplingParams::greedy() }).is_err());
+        }
+        // Out-of-range ids in the history are ignored, not a panic.
+        let mut s =
+            Sampler::new(SamplingParams { repeat_penalty: 2.0, repeat_last_n: 8, ..SamplingParams::greedy() }).unwrap();
+        s.accept(&[u32::MAX, 99]);
+        assert_eq!(s.sample(&logits), 0);
     }
 }

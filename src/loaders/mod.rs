@@ -37,20 +37,41 @@ pub const DEFAULT_MODEL: &str = "openai-community/gpt2";
 
 /// Resolve `--model`: an existing folder is used as is; otherwise a Hub repo id is
 /// fetched into (or found in) the HF cache. Returns the folder holding the model files.
-/// With `weights` false only config and tokenizer files are fetched.
-pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool) -> anyhow::Result<PathBuf> {
+/// With `weights` false only config and tokenizer files are fetched. `command` is the
+/// `forge` subcommand, named in the hint for getting a missing model.
+pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
     let as_path = Path::new(model);
     if as_path.is_dir() {
         return Ok(as_path.to_owned());
+    }
+    const EXPECTED: &str = "--model takes a model folder (config.json, model.safetensors, tokenizer.json) \
+                            or a Hub repo id like openai-community/gpt2";
+    if as_path.is_file() {
+        let is_gguf = as_path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+        if is_gguf {
+            bail!(
+                "{model:?} is a GGUF file; running GGUF models is not supported yet (`forge inspect {model}` \
+                 reads it); {EXPECTED}"
+            );
+        }
+        let folder = as_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        bail!("{model:?} is a file, not a model folder; {EXPECTED} (did you mean --model {}?)", folder.display());
     }
     let looks_like_path =
         model.starts_with('.') || model.starts_with('/') || model.starts_with('~') || model.contains('\\');
     if looks_like_path || !hub::is_repo_id(model) {
         bail!("model folder {model:?} does not exist (and it is not a Hub repo id like openai-community/gpt2)");
     }
+    if hub.offline && hub.cached_file(model, "main", "config.json").is_none() {
+        bail!(
+            "HF_HUB_OFFLINE is set and {model} is not in the HF cache at {}; unset HF_HUB_OFFLINE to download it \
+             (`forge {command} --model {model}`), or pass a local folder with --model PATH",
+            hub.cache_dir.display()
+        );
+    }
     fetch_from_hub(model, "main", hub, weights).with_context(|| {
         let how = format!(
-            "to get the files, run `forge generate --model {model}` (or `huggingface-cli download {model}`) on a machine that reaches {}, \
+            "to get the files, run `forge {command} --model {model}` (or `huggingface-cli download {model}`) on a machine that reaches {}, \
              or pass a local folder holding config.json, model.safetensors and tokenizer.json with --model PATH",
             hub.endpoint
         );

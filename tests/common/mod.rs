@@ -8,7 +8,7 @@ use batch_forge::backend::reference::{RefKvCache, RefMatrix, ReferenceBackend};
 use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice, WeightDtype};
 use batch_forge::compare::max_abs_diff;
 pub use batch_forge::compare::nan_max;
-use batch_forge::engine::{Engine, GenerateParams, SamplingParams};
+use batch_forge::engine::{Engine, GenerateParams};
 use batch_forge::loaders::safetensors::{Dtype, OwnedTensor, SafetensorsFile, TensorView};
 use serde_json::Value;
 
@@ -47,7 +47,7 @@ pub fn cpu_engine(checkpoint: &str, opts: CpuOptions) -> Engine<CpuBackend> {
 pub fn greedy_matches<B: Backend>(engine: &Engine<B>, checkpoint: &str) -> (usize, usize) {
     let reference = reference(checkpoint);
     let prompts = reference["prompts"].as_array().unwrap();
-    let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let params = GenerateParams::greedy(40);
     let ok = prompts
         .iter()
         .filter(|p| {
@@ -93,7 +93,7 @@ pub fn max_logit_diff<A: Backend, B: Backend>(a: &Engine<A>, b: &Engine<B>, chec
 /// Greedy continuations of two engines on every reference prompt: (equal, total).
 pub fn greedy_agreement<A: Backend, B: Backend>(a: &Engine<A>, b: &Engine<B>, checkpoint: &str) -> (usize, usize) {
     let prompts = reference(checkpoint)["prompts"].as_array().unwrap().clone();
-    let params = GenerateParams { max_new_tokens: 40, sampling: SamplingParams::greedy(), ignore_eos: false };
+    let params = GenerateParams::greedy(40);
     let run = |p: &Value| ids(&p["prompt_ids"]);
     let ok = prompts
         .iter()

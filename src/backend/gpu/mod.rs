@@ -235,6 +235,12 @@ impl GpuBackend {
         &self.info
     }
 
+    /// Whether the adapter is a software rasterizer (lavapipe/llvmpipe, SwiftShader, WARP):
+    /// it runs on the CPU, far slower than the cpu backend.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// Whether 16-bit weights are available (the adapter has shader-f16).
     pub fn has_f16(&self) -> bool {
         self.f16
