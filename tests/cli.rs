@@ -526,15 +526,16 @@ fn prompts_come_from_p_f_and_stdin() {
     // A prompt that starts with '-' is a prompt after -p, not a flag.
     let v = json_out(&forge(&cat(&base, &["-p", "-ngl"])));
     assert_eq!(ids(&v["prompt_ids"]), [12, 782, 75]); // "-", "ng", "l"
-    // Empty stdin: the BOS token, and stderr says so.
+    // Empty stdin: the BOS token, and stderr says so (and that stdin was read at all).
     let o = forge_stdin(&base, b"");
+    assert!(stderr(&o).contains("no prompt given: reading it from stdin"), "{}", stderr(&o));
     assert_eq!(ids(&json_out(&o)["prompt_ids"]), [50256]);
     assert!(stderr(&o).contains("read 0 prompt tokens from stdin; starting from the BOS token"), "{}", stderr(&o));
     // Bad sources are one-line errors.
     assert_clean_error(&forge(&cat(&base, &["-f", "/no/such/prompt.txt"])), "cannot read the prompt file");
     std::fs::write(&file, b"caf\xe9").unwrap();
     assert_clean_error(&forge(&cat(&base, &["-f", f])), "not valid UTF-8");
-    assert_clean_error(&forge_stdin(&base, b"caf\xe9"), "not valid UTF-8");
+    assert_clean_error(&forge_stdin(&cat(&base, &["-f", "-"]), b"caf\xe9"), "not valid UTF-8");
     assert_usage_error(&forge(&cat(&base, &["-p", "a", "-f", f])), "cannot be used with");
     assert_usage_error(&forge(&cat(&base, &["a", "-p", "b"])), "cannot be used with");
 }
@@ -691,7 +692,9 @@ fn timings_report_each_phase() {
     assert_eq!(v["timings"]["prompt_tokens"], 64);
     assert_eq!(v["timings"]["generated_tokens"], 0);
     assert!(v["timings"]["decode_tok_s"].is_null() && v["timings"]["prompt_tok_s"].is_null(), "{v}");
-    assert!(!stderr(&o).contains("0.00 tokens per second"), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(!err.contains("tokens per second"), "{err}");
+    assert!(err.contains("/    64 tokens\n") && err.contains("/     0 steps\n"), "{err}");
 }
 
 /// `random-model` never overwrites a folder by accident and says when the result has no
@@ -720,6 +723,12 @@ fn random_model_refuses_a_non_empty_folder() {
     let args = ["random-model", "--preset", "distilgpt2", "--out", fresh.to_str().unwrap(), "--tokenizer-from"];
     let r = forge(&[&args[..], &[tok.to_str().unwrap()]].concat());
     assert!(r.status.success() && !stderr(&r).contains("note:"), "{}", stderr(&r));
+    // The folder as its own --tokenizer-from: the files are kept, not truncated.
+    let before = std::fs::read(fresh.join("tokenizer.json")).unwrap();
+    let f = fresh.to_str().unwrap();
+    let r = forge(&["random-model", "--preset", "distilgpt2", "--out", f, "--tokenizer-from", f, "--force"]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(std::fs::read(fresh.join("tokenizer.json")).unwrap(), before);
 }
 
 /// `-m` pointing at a file says what it found and what is expected; offline and
@@ -736,12 +745,30 @@ fn model_path_errors_say_what_was_found() {
     );
     let gguf = fixture("gguf/types.gguf");
     assert_clean_error(&forge(&["tokenize", "x", "-m", gguf.to_str().unwrap()]), "is a GGUF file");
-    let o = forge_env(&["tokenize", "x", "-m", "org/uncached"], &[("HF_HUB_OFFLINE", "0")]);
+    let o = forge_env(
+        &["tokenize", "x", "-m", "org/uncached"],
+        &[("HF_HUB_OFFLINE", "0"), ("HF_ENDPOINT", "http://127.0.0.1:1")],
+    );
     let err = stderr(&o);
     assert!(err.contains("forge tokenize --model org/uncached") && !err.contains("forge generate"), "{err}");
     let o = forge(&["bench", "-m", "org/uncached"]);
     assert_clean_error(&o, "HF_HUB_OFFLINE is set and org/uncached is not in the HF cache");
     assert!(stderr(&o).contains("forge bench --model org/uncached"), "{}", stderr(&o));
+    // Offline with part of a model cached (say, by `forge tokenize`): offline is named, not
+    // "the repo has no such file".
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--org--partial");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc").unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc")).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(fixture("tiny-gpt2").join(f), repo.join("snapshots/abc").join(f)).unwrap();
+    }
+    let env = [("HF_HUB_CACHE", cache.path().to_str().unwrap())];
+    let o = forge_env(&["generate", "-m", "org/partial", "-p", "hi"], &env);
+    assert_clean_error(&o, "HF_HUB_OFFLINE is set and model.safetensors of org/partial is not in the HF cache");
+    let o = forge_env(&["tokenize", "hi", "-m", "org/partial"], &env);
+    assert_eq!(stdout(&o), "[5303]\n", "{}", stderr(&o));
 }
 
 /// Conflicting flags are refused; llama.cpp-only flags say "not supported"; absurd
@@ -765,9 +792,22 @@ fn conflicts_and_unsupported_flags_are_refused() {
         (vec!["generate", "-m", m, "-cnv"], "-cnv"),
         (vec!["bench", "-m", m, "-ngl", "99"], "-ngl"),
         (vec!["bench", "-m", m, "-fa", "1", "-b", "512"], "-fa"),
+        (vec!["generate", "-m", m, "-p", "hi", "-no-cnv"], "-no-cnv"),
+        (vec!["generate", "-m", m, "-p", "hi", "-tb", "8"], "-tb"),
+        (vec!["generate", "-m", m, "-p", "hi", "-hf", "org/x"], "-hf"),
+        (vec!["generate", "-m", m, "-p", "hi", "-xyz"], "-xyz"),
     ] {
         assert_clean_error(&forge(&args), &format!("not supported: {flag}: "));
     }
+    // A short option with its value attached, and negative numbers, are not mistaken for one.
+    let v = json_out(&forge(&["generate", "-m", m, "-p", "hi", "-n2", "--temp", "-0", "--json"]));
+    assert_eq!(v["generated_ids"].as_array().unwrap().len(), 2);
+    // Escapes in a command-line prompt, as llama.cpp: processed unless --no-escape.
+    let escaped = ["generate", "-m", m, "-p", "a\\nb\\x41\\q\\\\", "-n", "1", "--temp", "0", "--json"];
+    let v = json_out(&forge(&escaped));
+    assert_eq!(ids(&v["prompt_ids"]), [64, 198, 65, 32, 59, 80, 59]); // "a\nbA\\q\\"
+    let v = json_out(&forge(&cat(&escaped, &["--no-escape"])));
+    assert_eq!(ids(&v["prompt_ids"]), [64, 59, 46803, 59, 87, 3901, 59, 80, 6852]); // the backslashes kept
     // llama-bench's -r (repetitions) is ours too.
     let o = forge(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1", "-o", "jsonl"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -56,7 +56,9 @@ fn allocations_in_warm_decode(sampling: SamplingParams) -> usize {
     pool.install(|| {
         let mut cache = m.new_cache(b, 100).unwrap();
         let mut picker = TokenPicker::new(sampling).unwrap();
+        picker.reserve(100);
         let prompt = [464u32, 2068, 7586, 21831];
+        picker.accept_prompt(&prompt);
         let seqs = [SeqSlice { rows: 0..4, start_pos: 0 }];
         let out =
             m.forward(b, &Batch { tokens: &prompt, seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq).unwrap();
@@ -94,4 +96,12 @@ fn warm_decode_steps_do_not_allocate() {
         ..SamplingParams::greedy()
     });
     assert_eq!(sampled, 0, "{sampled} heap allocations in 52 warm sampled decode steps");
+    let penalized = allocations_in_warm_decode(SamplingParams {
+        temperature: 0.8,
+        repeat_penalty: 1.3,
+        repeat_last_n: 64,
+        seed: 1,
+        ..SamplingParams::greedy()
+    });
+    assert_eq!(penalized, 0, "{penalized} heap allocations in 52 warm decode steps with a repetition penalty");
 }

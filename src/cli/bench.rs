@@ -105,6 +105,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         "nothing to measure: every -p and -n length is 0 (give e.g. -p 512 -n 128, or --memory)"
     );
     super::warn_threads(&args.threads);
+    if args.backend.backend == BackendChoice::Gpu && !args.threads.is_empty() {
+        eprintln!("warning: -t does not apply to --backend gpu (one row per test, threads shown as -)");
+    }
     let (label, config, store) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;

@@ -36,7 +36,7 @@ pub struct GenerateArgs {
     /// not a terminal, else start from the model's BOS token (<|endoftext|> for GPT-2).
     #[arg(value_name = "PROMPT", conflicts_with_all = ["prompt", "file"])]
     prompt_pos: Option<String>,
-    /// The prompt.
+    /// The prompt (escapes such as `\n` are processed unless --no-escape).
     #[arg(short = 'p', long, conflicts_with = "file", allow_hyphen_values = true)]
     prompt: Option<String>,
     /// Read the prompt from a file (`-` = stdin); one trailing newline is dropped, as llama.cpp does.
@@ -97,6 +97,53 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-text token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Take escapes in a command-line prompt literally (by default `\n`, `\t`, `\r`,
+    /// `\\`, `\"`, `\'` and `\xHH` are turned into characters, as llama.cpp does).
+    #[arg(long)]
+    no_escape: bool,
+}
+
+/// llama.cpp's escape processing of a command-line prompt: `\n`, `\r`, `\t`, `\'`, `\"`,
+/// `\\` and `\xHH`; any other backslash is kept as it is.
+fn process_escapes(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek().copied() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('\'') => out.push('\''),
+            Some('"') => out.push('"'),
+            Some('\\') => out.push('\\'),
+            Some('x') => {
+                let mut rest = chars.clone();
+                rest.next();
+                let hex: String = rest.by_ref().take(2).collect();
+                match u8::from_str_radix(&hex, 16) {
+                    Ok(b) if hex.len() == 2 && b.is_ascii() => {
+                        out.push(char::from(b));
+                        chars = rest;
+                        continue;
+                    }
+                    _ => {
+                        out.push('\\');
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                out.push('\\');
+                continue;
+            }
+        }
+        chars.next();
+    }
+    out
 }
 
 /// Where the prompt text came from, for the stderr note.
@@ -128,13 +175,13 @@ fn read_stdin() -> anyhow::Result<String> {
 impl GenerateArgs {
     /// Every check that needs no model, device or input: bad flags are reported first.
     fn validate(&self) -> anyhow::Result<()> {
-        self.backend.validate("generate")?;
         if self.backend.backend == BackendChoice::Both {
             anyhow::ensure!(
                 !self.json,
                 "--backend both prints a table of per-step logit differences; it has no --json output"
             );
         }
+        self.backend.validate("generate")?;
         super::check_threads(self.threads.as_slice())?;
         Ok(())
     }
@@ -183,7 +230,8 @@ impl GenerateArgs {
             if p == "-" {
                 return Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin));
             }
-            return Ok((p.clone(), PromptSource::Argument));
+            let text = if self.no_escape { p.clone() } else { process_escapes(p) };
+            return Ok((text, PromptSource::Argument));
         }
         match &self.file {
             Some(f) if f.as_os_str() == "-" => Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin)),
@@ -195,7 +243,11 @@ impl GenerateArgs {
                 })?;
                 Ok((drop_trailing_newline(text), PromptSource::File(f.clone())))
             }
-            None if !std::io::stdin().is_terminal() => Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin)),
+            None if !std::io::stdin().is_terminal() => {
+                // Said first, so a stdin that never closes is not a silent hang.
+                eprintln!("no prompt given: reading it from stdin");
+                Ok((drop_trailing_newline(read_stdin()?), PromptSource::Stdin))
+            }
             None => Ok((String::new(), PromptSource::None)),
         }
     }
@@ -358,8 +410,8 @@ impl PhaseTimings {
 }
 
 fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
+    let dir = super::model_dir(&args.model, true, "generate")?; // a download is not load time
     let load_start = Instant::now();
-    let dir = super::model_dir(&args.model, true, "generate")?;
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;

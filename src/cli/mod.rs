@@ -236,7 +236,17 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     ),
     (&["--grammar", "--grammar-file", "-j", "--json-schema"], "constrained sampling is not implemented"),
     (&["--lora", "--lora-scaled", "--control-vector"], "adapters are not implemented"),
-    (&["-e", "--escape", "--no-escape"], "the prompt is used exactly as given (no escape processing)"),
+    (&["-e", "--escape"], "escapes in -p are processed by default (--no-escape turns it off)"),
+    (&["-no-cnv", "--no-conversation", "-st", "--single-turn"], "generate runs one prompt and ends; drop the flag"),
+    (
+        &["-sys", "--system-prompt", "-sp", "--special"],
+        "chat templates and system prompts come with Llama-family models",
+    ),
+    (&["-cb", "--cont-batching", "-np", "--parallel"], "batching belongs to the server, not yet built"),
+    (&["-co", "--color"], "output is plain text"),
+    (&["-tb", "--threads-batch"], "one thread count (-t) serves prompt and generation"),
+    (&["-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"], "give the Hub id to -m (e.g. -m openai-community/gpt2)"),
+    (&["-md", "--model-draft", "-mli", "--multiline-input", "-mu", "--model-url"], "not available in forge"),
 ];
 
 /// Options whose next argument is a value (so `-p -fa` is a prompt, not a flag).
@@ -269,6 +279,20 @@ pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
         }
         if let Some((_, why)) = UNSUPPORTED.iter().find(|(names, _)| names.contains(&flag)) {
             return Some(format!("not supported: {flag}: {why}"));
+        }
+        // Any other single-dash word (`-xyz`) is a llama.cpp-style long option that clap
+        // would split into `-x yz`; a short option with its number attached (`-n40`) or
+        // a negative number (`-1`, `-0.5`) is fine.
+        let word = flag.strip_prefix('-').filter(|w| !w.starts_with('-')).unwrap_or("");
+        let mut chars = word.chars();
+        if let (Some(first), Some(second)) = (chars.next(), chars.next())
+            && first.is_ascii_alphabetic()
+            && !second.is_ascii_digit()
+            && word[1..].parse::<f64>().is_err()
+        {
+            return Some(format!(
+                "not supported: {flag}: forge has no such option (its short options are one letter, as -n 40; see --help)"
+            ));
         }
     }
     None

@@ -58,7 +58,8 @@ pub fn run(args: RandomModelArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", weights.display()))?;
     if let Some(src) = &args.tokenizer_from {
         for name in ["tokenizer.json", "vocab.json", "merges.txt"] {
-            if src.join(name).is_file() {
+            let same = std::fs::canonicalize(src.join(name)).ok() == std::fs::canonicalize(args.out.join(name)).ok();
+            if src.join(name).is_file() && !same {
                 std::fs::copy(src.join(name), args.out.join(name)).with_context(|| format!("copying {name}"))?;
             }
         }

@@ -112,6 +112,11 @@ impl TokenPicker {
         Ok(TokenPicker { sampler, logits: HostMatrix::zeros(0, 0), device_ids: Vec::with_capacity(1) })
     }
 
+    /// Room for the repetition penalty's history over a context of `n_ctx` tokens.
+    pub fn reserve(&mut self, n_ctx: usize) {
+        self.sampler.reserve_history(n_ctx);
+    }
+
     /// Record the prompt's tokens (for the repetition penalty; chosen tokens are
     /// recorded by [`TokenPicker::pick`]).
     pub fn accept_prompt(&mut self, ids: &[u32]) {
@@ -184,6 +189,7 @@ impl<B: Backend> Engine<B> {
             bail!("the prompt is {} tokens but {whose} is {n_ctx}; shorten the prompt", prompt_ids.len());
         }
         let mut picker = TokenPicker::new(params.sampling.clone())?;
+        picker.reserve(n_ctx);
         picker.accept_prompt(prompt_ids);
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());

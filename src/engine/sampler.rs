@@ -1,13 +1,16 @@
-//! Next-token selection: repetition penalty, greedy, temperature, top-k, top-p, min-p,
+//! Next-token selection: repetition penalty, greedy, top-k, top-p, min-p, temperature,
 //! with a seeded RNG.
 //!
-//! Order of operations: the repetition penalty on the raw logits (llama.cpp's and HF's
-//! formula: a positive logit of a recent token is divided by the penalty, a negative one
-//! multiplied) → logits / temperature → keep the top k → keep the smallest set whose
-//! probability reaches top p → drop tokens less likely than min p × the most likely one
-//! → draw (HF `generate`'s warper order). `temperature == 0` is greedy (argmax of the
-//! penalized logits, lowest id on ties). `top_k == 0`, `top_p == 1`, `min_p == 0` and
-//! `repeat_penalty == 1` (or `repeat_last_n == 0`) each turn their step off.
+//! Order of operations, llama.cpp's default sampler chain: the repetition penalty on the
+//! raw logits (llama.cpp's and HF's formula: a positive logit of a recent token is
+//! divided by the penalty, a negative one multiplied) → keep the top k → keep the
+//! smallest set whose probability reaches top p → drop tokens less likely than min p ×
+//! the most likely one → divide the survivors' logits by the temperature → draw. The
+//! three cuts see the untempered distribution, as in llama.cpp (HF `generate` applies
+//! the temperature first; at temperature 1 the two agree). `temperature == 0` is greedy
+//! (argmax of the penalized logits, lowest id on ties). `top_k == 0`, `top_p == 1`,
+//! `min_p == 0` and `repeat_penalty == 1` (or `repeat_last_n == 0`) each turn their
+//! step off.
 
 use std::collections::VecDeque;
 
@@ -133,6 +136,16 @@ impl Sampler {
         &self.params
     }
 
+    /// Room for the penalty's history of a sequence of up to `n_ctx` tokens, so a warm
+    /// decode loop does not allocate.
+    pub fn reserve_history(&mut self, n_ctx: usize) {
+        if self.params.penalizes() {
+            let n = self.params.repeat_last_n.min(n_ctx);
+            self.history.reserve(n);
+            self.recent.reserve(n);
+        }
+    }
+
     /// Record tokens of the sequence (the prompt, then each chosen token) for the
     /// repetition penalty; a no-op when the penalty is off.
     pub fn accept(&mut self, ids: &[u32]) {
@@ -195,10 +208,10 @@ impl Sampler {
         if max.is_infinite() {
             return first; // +inf outweighs everything (or all are -inf: the first is as good)
         }
-        let t = f64::from(p.temperature);
+        // The cuts use the untempered probabilities (relative to the top token's).
         let probs = &mut self.probs;
         probs.clear();
-        probs.extend(c.iter().map(|&(v, _)| ((f64::from(v) - f64::from(max)) / t).exp()));
+        probs.extend(c.iter().map(|&(v, _)| (f64::from(v) - f64::from(max)).exp()));
         let total: f64 = probs.iter().sum();
         // Nucleus: the shortest prefix whose mass reaches top_p.
         let mut keep = probs.len();
@@ -216,6 +229,11 @@ impl Sampler {
         if p.min_p > 0.0 {
             let floor = f64::from(p.min_p) * probs[0];
             keep = probs[..keep].iter().take_while(|&&pr| pr >= floor).count().max(1);
+        }
+        // Temperature on the survivors: exp((v − max) / t).
+        let t = f64::from(p.temperature);
+        for (pr, &(v, _)) in probs[..keep].iter_mut().zip(c.iter()) {
+            *pr = ((f64::from(v) - f64::from(max)) / t).exp();
         }
         let kept_mass: f64 = probs[..keep].iter().sum();
         let mut u = self.rng.next_f64() * kept_mass;
@@ -438,5 +456,40 @@ mod tests {
             Sampler::new(SamplingParams { repeat_penalty: 2.0, repeat_last_n: 8, ..SamplingParams::greedy() }).unwrap();
         s.accept(&[u32::MAX, 99]);
         assert_eq!(s.sample(&logits), 0);
+    }
+
+    #[test]
+    fn the_penalty_applies_when_sampling_too() {
+        // Token 0 leads by 1.0 (p = 0.576); a penalty of 100 turns its logit into 0.02:
+        // p = e^-0.98 / (e^-0.98 + 2) = 0.158.
+        let logits = [2.0, 1.0, 1.0];
+        let params = SamplingParams {
+            temperature: 1.0,
+            repeat_penalty: 100.0,
+            repeat_last_n: 4,
+            seed: 3,
+            ..SamplingParams::greedy()
+        };
+        let mut s = Sampler::new(params).unwrap();
+        s.accept(&[0]);
+        let share = (0..4000).filter(|_| s.sample(&logits) == 0).count() as f64 / 4000.0;
+        assert!((share - 0.158).abs() < 0.025, "{share}");
+    }
+
+    #[test]
+    fn cuts_see_the_untempered_distribution() {
+        // Relative probabilities at t = 1: 1, 0.5, 0.1. min-p 0.3 keeps ids 0 and 1 whatever
+        // the temperature (llama.cpp's order); at t = 10 they are then nearly equal.
+        let logits = [0.0, 0.5f32.ln(), 0.1f32.ln()];
+        let params = SamplingParams { temperature: 10.0, min_p: 0.3, seed: 5, ..SamplingParams::greedy() };
+        let mut s = Sampler::new(params).unwrap();
+        let mut counts = [0usize; 3];
+        for _ in 0..20_000 {
+            counts[s.sample(&logits) as usize] += 1;
+        }
+        assert_eq!(counts[2], 0, "{counts:?}");
+        // Weights 1 and 0.5^(1/10) = 0.933: shares 0.517 and 0.483.
+        let share = counts[1] as f64 / 20_000.0;
+        assert!((share - 0.933 / 1.933).abs() < 0.015, "{share}");
     }
 }

@@ -80,9 +80,18 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: 
 }
 
 fn fetch_from_hub(repo: &str, revision: &str, hub: &hub::HubClient, weights: bool) -> anyhow::Result<PathBuf> {
-    let need = |name: &str| -> anyhow::Result<PathBuf> {
-        hub.get_file(repo, revision, name)?.with_context(|| format!("{repo} has no {name}"))
+    let missing = |name: &str| {
+        if hub.offline {
+            anyhow::anyhow!(
+                "HF_HUB_OFFLINE is set and {name} of {repo} is not in the HF cache at {}; unset HF_HUB_OFFLINE to download it",
+                hub.cache_dir.display()
+            )
+        } else {
+            anyhow::anyhow!("{repo} has no {name}")
+        }
     };
+    let need =
+        |name: &str| -> anyhow::Result<PathBuf> { hub.get_file(repo, revision, name)?.ok_or_else(|| missing(name)) };
     let config = need("config.json")?;
     let dir = config.parent().expect("snapshot dir").to_owned();
     if hub.get_file(repo, revision, "tokenizer.json")?.is_none() {
@@ -90,9 +99,13 @@ fn fetch_from_hub(repo: &str, revision: &str, hub: &hub::HubClient, weights: boo
         need("merges.txt")?;
     }
     if weights && hub.get_file(repo, revision, "model.safetensors")?.is_none() {
-        let index = hub
-            .get_file(repo, revision, "model.safetensors.index.json")?
-            .with_context(|| format!("{repo} has neither model.safetensors nor model.safetensors.index.json"))?;
+        let index = hub.get_file(repo, revision, "model.safetensors.index.json")?.ok_or_else(|| {
+            if hub.offline {
+                missing("model.safetensors")
+            } else {
+                anyhow::anyhow!("{repo} has neither model.safetensors nor model.safetensors.index.json")
+            }
+        })?;
         for shard in weights::shard_files(&index)? {
             need(&shard)?;
         }
