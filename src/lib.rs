@@ -9,6 +9,7 @@
 //! - [`engine`]: KV caches, prefill/decode loop, sampling, lockstep comparison.
 //! - [`compare`]: NaN-propagating error measures shared by the tests and the engine.
 //! - [`quant`]: GGUF block formats, decoded to f32 (the reference for quantized kernels).
+//! - [`verify`]: a model, stage by stage, against a Hugging Face reference dump.
 
 pub mod backend;
 pub mod compare;
@@ -17,3 +18,4 @@ pub mod loaders;
 pub mod model;
 pub mod quant;
 pub mod tokenizer;
+pub mod verify;

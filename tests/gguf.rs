@@ -19,7 +19,9 @@ fn check(gguf: &Path, dump: &Path) {
     let meta = want["metadata"].as_object().unwrap();
     let mut keys: Vec<&str> = g.metadata().iter().map(|(k, _)| k.as_str()).collect();
     keys.sort_unstable();
-    assert_eq!(keys, meta.keys().map(String::as_str).collect::<Vec<_>>(), "metadata keys (sorted)");
+    let mut want_keys: Vec<&str> = meta.keys().map(String::as_str).collect();
+    want_keys.sort_unstable();
+    assert_eq!(keys, want_keys, "metadata keys (sorted)");
     for (k, w) in meta {
         let got = g.get(k).unwrap();
         let ty = w["type"].as_str().unwrap();

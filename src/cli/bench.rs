@@ -62,7 +62,7 @@ pub enum OutputFormat {
 }
 
 /// The name a model is shown by: a Hub id as given, a folder by its last component.
-fn display_name(model: &str) -> String {
+pub(super) fn display_name(model: &str) -> String {
     let path = std::path::Path::new(model);
     if path.is_dir()
         && let Some(name) = std::fs::canonicalize(path).ok().as_deref().and_then(|p| p.file_name())
@@ -121,9 +121,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             (display_name(model), config, WeightStore::open_dir(&dir)?)
         }
     };
-    let stored = match store.get("wte.weight").or_else(|| store.get("transformer.wte.weight")).map(|t| t.dtype) {
-        Some(Dtype::F16) => "f16",
-        Some(Dtype::BF16) => "bf16",
+    let stored = match super::stored_dtype(&store) {
+        Dtype::F16 => "f16",
+        Dtype::BF16 => "bf16",
         _ => "f32",
     };
     let mut dtype = match (args.backend.backend, args.backend.dtype) {

@@ -91,6 +91,11 @@ pub struct GenerateArgs {
     /// Print one JSON object when done instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// With --json: each generated token's log-probability and the N (0 to 20) most
+    /// likely tokens at its step, from the model's raw logits (before penalty,
+    /// temperature and cuts).
+    #[arg(long, value_name = "N", requires = "json", value_parser = clap::value_parser!(u8).range(0..=20))]
+    logprobs: Option<u8>,
     /// Also print prompt and generated token ids (to stderr).
     #[arg(long)]
     show_ids: bool,
@@ -221,6 +226,7 @@ impl GenerateArgs {
             sampling,
             ignore_eos: self.ignore_eos,
             max_context: (self.ctx_size > 0).then_some(self.ctx_size),
+            logprobs: self.logprobs.map(usize::from),
         }
     }
 
@@ -458,6 +464,24 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
             "greedy": sampling.is_greedy(),
             "timings": timings.json(),
         });
+        let mut obj = obj;
+        if args.logprobs.is_some() {
+            let text =
+                |id: u32| tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+            let entries: Vec<serde_json::Value> = result
+                .logprobs
+                .iter()
+                .map(|t| {
+                    let top: Vec<serde_json::Value> = t
+                        .top
+                        .iter()
+                        .map(|&(id, lp)| serde_json::json!({ "id": id, "text": text(id), "logprob": lp }))
+                        .collect();
+                    serde_json::json!({ "id": t.id, "text": text(t.id), "logprob": t.logprob, "top_logprobs": top })
+                })
+                .collect();
+            obj["logprobs"] = entries.into();
+        }
         writeln!(out, "{obj}").context("writing to stdout")?;
     } else {
         writeln!(out, "{tail}").context("writing to stdout")?;

@@ -6,6 +6,7 @@ mod generate;
 mod inspect;
 mod random_model;
 mod tokenize;
+mod verify;
 
 use std::path::PathBuf;
 
@@ -38,6 +39,9 @@ enum Command {
     Devices,
     /// Print the metadata and tensor table of a GGUF or safetensors file.
     Inspect(inspect::InspectArgs),
+    /// Compare the model stage by stage (embeddings, each block, final norm, logits)
+    /// with a HF transformers dump from scripts/hf_reference.py.
+    Verify(verify::VerifyArgs),
 }
 
 /// Which implementation runs the model.
@@ -199,6 +203,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::RandomModel(a) => random_model::run(a),
         Command::Devices => devices::run(),
         Command::Inspect(a) => inspect::run(a),
+        Command::Verify(a) => verify::run(a),
     }
 }
 
@@ -302,6 +307,14 @@ pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
 /// the subcommand, named in the hint for fetching a missing model.
 pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
     loaders::resolve_model(model, &HubClient::from_env(), weights, command)
+}
+
+/// How the checkpoint stores its weights (the token embedding's dtype).
+pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::loaders::safetensors::Dtype {
+    store
+        .get("wte.weight")
+        .or_else(|| store.get("transformer.wte.weight"))
+        .map_or(batch_forge::loaders::safetensors::Dtype::F32, |t| t.dtype)
 }
 
 /// More threads than this is a typo, not a setting.

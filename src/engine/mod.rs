@@ -2,6 +2,7 @@
 //! prefill-then-decode loop, sampling and stop conditions.
 
 pub mod lockstep;
+pub mod logprobs;
 pub mod sampler;
 
 use std::path::Path;
@@ -13,6 +14,7 @@ use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
 use crate::loaders::{Gpt2Config, WeightStore};
 use crate::model::{Batch, Gpt2, LogitRows};
 use crate::tokenizer::Tokenizer;
+pub use logprobs::TokenLogprobs;
 pub use sampler::{Sampler, SamplingParams};
 
 pub struct Engine<B: Backend> {
@@ -30,12 +32,21 @@ pub struct GenerateParams {
     /// Use at most this many positions of the model's context (llama.cpp's `-c`);
     /// `None`: all of it.
     pub max_context: Option<usize>,
+    /// Report each generated token's log-probability and this many top alternatives
+    /// ([`Generation::logprobs`]); `None`: none (greedy may then stay on the device).
+    pub logprobs: Option<usize>,
 }
 
 impl GenerateParams {
     /// Greedy decoding of up to `max_new_tokens`, stopping at EOS, over the whole context.
     pub fn greedy(max_new_tokens: usize) -> Self {
-        GenerateParams { max_new_tokens, sampling: SamplingParams::greedy(), ignore_eos: false, max_context: None }
+        GenerateParams {
+            max_new_tokens,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: false,
+            max_context: None,
+            logprobs: None,
+        }
     }
 }
 
@@ -73,6 +84,8 @@ pub struct Generation {
     pub generated_ids: Vec<u32>,
     pub stop: StopReason,
     pub timings: Timings,
+    /// One entry per generated token when [`GenerateParams::logprobs`] asked for them.
+    pub logprobs: Vec<TokenLogprobs>,
 }
 
 /// The error for logits that are NaN or infinite: the weights or the arithmetic are
@@ -104,12 +117,30 @@ pub struct TokenPicker {
     sampler: Sampler,
     logits: HostMatrix,
     device_ids: Vec<u32>,
+    /// Always read the logits back (for log-probabilities), never pick on the device.
+    host_logits: bool,
 }
 
 impl TokenPicker {
     pub fn new(params: SamplingParams) -> anyhow::Result<Self> {
         let sampler = Sampler::new(params).map_err(anyhow::Error::msg)?;
-        Ok(TokenPicker { sampler, logits: HostMatrix::zeros(0, 0), device_ids: Vec::with_capacity(1) })
+        Ok(TokenPicker {
+            sampler,
+            logits: HostMatrix::zeros(0, 0),
+            device_ids: Vec::with_capacity(1),
+            host_logits: false,
+        })
+    }
+
+    /// Read every step's logits back to the host, so [`TokenPicker::last_logits`] has them.
+    pub fn keep_logits(&mut self) {
+        self.host_logits = true;
+    }
+
+    /// The logits of the last [`TokenPicker::pick`] when it read them back (always after
+    /// [`TokenPicker::keep_logits`]).
+    pub fn last_logits(&self) -> Option<&[f32]> {
+        (self.logits.rows == 1).then(|| self.logits.row(0))
     }
 
     /// Room for the repetition penalty's history over a context of `n_ctx` tokens.
@@ -126,7 +157,11 @@ impl TokenPicker {
     /// The token after the row `out` (logits of shape (1, V)) at `position`, generation step `step`.
     pub fn pick<B: Backend>(&mut self, backend: &B, out: &B::Act, step: usize, position: usize) -> anyhow::Result<u32> {
         let params = self.sampler.params();
-        if params.is_greedy() && !params.penalizes() && backend.argmax_rows(out, &mut self.device_ids)? {
+        if params.is_greedy()
+            && !params.penalizes()
+            && !self.host_logits
+            && backend.argmax_rows(out, &mut self.device_ids)?
+        {
             return match self.device_ids[0] {
                 NON_FINITE_ROW => Err(non_finite(step, position, None)),
                 id => Ok(id),
@@ -198,7 +233,11 @@ impl<B: Backend> Engine<B> {
             generated_ids: Vec::with_capacity(budget),
             stop: if budget < params.max_new_tokens { StopReason::ContextFull } else { StopReason::Length },
             timings: Timings::default(),
+            logprobs: Vec::new(),
         };
+        if params.logprobs.is_some() {
+            picker.keep_logits();
+        }
         if budget == 0 {
             return Ok(generation);
         }
@@ -217,6 +256,9 @@ impl<B: Backend> Engine<B> {
                 generation.timings.prefill = start.elapsed();
             }
             pos += step_tokens.len();
+            if let (Some(n), Some(logits)) = (params.logprobs, picker.last_logits()) {
+                generation.logprobs.push(logprobs::token_logprobs(logits, next, n));
+            }
             generation.generated_ids.push(next);
             on_token(next)?;
             if next == eos && !params.ignore_eos {

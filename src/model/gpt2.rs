@@ -20,6 +20,7 @@ use anyhow::{Context, bail, ensure};
 use crate::backend::{Backend, KvCache, MatrixLayout, SeqSlice};
 use crate::loaders::safetensors::TensorView;
 use crate::loaders::{Gpt2Config, WeightStore};
+use crate::model::Stage;
 
 struct Block<B: Backend> {
     ln_1: (B::Vector, B::Vector),
@@ -139,6 +140,20 @@ impl<B: Backend> Gpt2<B> {
         caches: &mut [&mut B::KvCache],
         which: LogitRows,
     ) -> anyhow::Result<B::Act> {
+        self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
+    }
+
+    /// [`Gpt2::forward`], handing each intermediate [`Stage`] to `trace` as it is computed
+    /// (the residual stream after the embeddings and after each block, the final norm's
+    /// output and the logits): what `forge verify` compares with HF's.
+    pub fn forward_traced(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows,
+        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
+    ) -> anyhow::Result<B::Act> {
         let cfg = &self.config;
         let (tokens, seqs) = (batch.tokens, batch.seqs);
         ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
@@ -194,6 +209,7 @@ impl<B: Backend> Gpt2<B> {
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
         let mut x = backend.embed(&self.wte, tokens); // (T, C)
         backend.add(&mut x, &backend.embed(&self.wpe, positions));
+        trace(Stage::Embeddings, &x)?;
         let first_ln = &self.blocks.first().context("the model has no blocks")?.ln_1;
         let mut h = backend.layer_norm(&x, &first_ln.0, &first_ln.1, eps); // ln_1(x): (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
@@ -211,6 +227,7 @@ impl<B: Backend> Gpt2<B> {
                 Some(next) => h = backend.add_layer_norm(&mut x, &mlp_out, &next.ln_1.0, &next.ln_1.1, eps),
                 None => backend.add(&mut x, &mlp_out),
             }
+            trace(Stage::Block(layer), &x)?;
         }
         // Only the rows whose next token is wanted go through ln_f and the (V × C) head.
         let x = match which {
@@ -230,6 +247,9 @@ impl<B: Backend> Gpt2<B> {
             }
         };
         let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, eps); // (rows, C)
-        Ok(backend.linear(&x, &self.wte, None)) // (rows, V)
+        trace(Stage::FinalNorm, &x)?;
+        let logits = backend.linear(&x, &self.wte, None); // (rows, V)
+        trace(Stage::Logits, &logits)?;
+        Ok(logits)
     }
 }
