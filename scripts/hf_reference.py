@@ -78,9 +78,12 @@ def main():
         src = args.model
     tokenizer = AutoTokenizer.from_pretrained(src, **load)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **load).eval()
+    got = next(model.parameters()).dtype
+    if got != dtype:  # transformers < 4.56 ignores `dtype=`
+        sys.exit(f"the model loaded as {got}, not {dtype}: use transformers >= 4.56")
     blocks, final_norm = blocks_and_norm(model)
 
-    prompts = [unescape(l) for l in args.prompts.read_text(encoding="utf-8").split("\n")]
+    prompts = [unescape(l.removesuffix("\r")) for l in args.prompts.read_text(encoding="utf-8").split("\n")]
     if prompts and prompts[-1] == "":
         prompts.pop()  # the file's final newline
     if not prompts:
@@ -101,7 +104,10 @@ def main():
     for i, text in enumerate(prompts):
         ids = tokenizer(text, return_tensors="pt").input_ids[0] if text else torch.tensor([])
         if len(ids) == 0:
-            bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else model.config.bos_token_id
+            # The empty prompt is the model's BOS token (config first, as forge does).
+            bos = model.config.bos_token_id if model.config.bos_token_id is not None else tokenizer.bos_token_id
+            if bos is None:
+                sys.exit("the empty prompt needs a BOS token, and this model has none")
             ids = torch.tensor([bos])
         ids = ids.to(torch.int64)
         captured.clear()

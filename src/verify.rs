@@ -4,10 +4,12 @@
 //! For every prompt of the dump the model runs on the dump's token ids, and each
 //! [`Stage`] of the forward pass (the embeddings, the residual stream after each block,
 //! the final norm, the logits) is compared with HF's tensor. The measure is the
-//! normalised error `max |ours − HF| / max |HF|` over the stage's tensor (the `max_rel`
-//! of [`crate::compare::error_stats`], NaN-propagating), so one tolerance fits stages
-//! whose magnitudes differ by orders; the stage fails when it exceeds the tolerance,
-//! and the report names the prompt and the position of the largest difference.
+//! normalised error per position, `max_c |ours − HF| / max_c |HF|` over one row (the
+//! `max_rel` of [`crate::compare::error_stats`] on that row, NaN-propagating), worst
+//! over all positions and prompts: one tolerance fits stages whose magnitudes differ by
+//! orders, and a position with huge activations (trained models have some) does not
+//! hide an error at another. The stage fails when it exceeds the tolerance, and the
+//! report names the prompt and the position of that worst row.
 
 use std::path::Path;
 
@@ -18,21 +20,23 @@ use crate::compare::error_stats;
 use crate::loaders::safetensors::SafetensorsFile;
 use crate::model::{Batch, Gpt2, LogitRows, Stage};
 
-/// Normalised-error tolerances (max |ours − HF| / max |HF| per stage), by the rounding a
-/// run adds to HF's numbers. Each is several times the largest error measured on the
-/// three fixture checkpoints and on random GPT-2 124M, on every backend
-/// (docs/correctness.md), and below what one perturbed weight gives (1e-2 and up).
+/// Normalised-error tolerances (max |ours − HF| / max |HF| per position), by the rounding
+/// a run adds to HF's numbers: 2.5–7× the largest error measured on the three fixture
+/// checkpoints and on random GPT-2 124M, on every backend (docs/correctness.md). The
+/// f32 bound catches mistakes of 1e-4 and up; a lossy bound only catches what exceeds
+/// its own rounding (one weight changed by 0.5 gives 1.2e-2: caught at f32, f16 and
+/// f16 KV, not at bf16), so verify at f32 first.
 pub mod tolerance {
     use crate::backend::WeightDtype;
     use crate::loaders::safetensors::Dtype;
 
-    /// f32 weights and KV: float32 summation-order noise (measured ≤ 2.3e-6).
+    /// f32 weights and KV: float32 summation-order noise (measured ≤ 2.7e-6).
     pub const F32: f64 = 2e-5;
-    /// Weights rounded to f16 as they load (measured ≤ 1.4e-3; with an f16 KV cache too ≤ 1.7e-3).
+    /// Weights rounded to f16 as they load (measured ≤ 1.5e-3; with an f16 KV cache too ≤ 1.9e-3).
     pub const F16_WEIGHTS: f64 = 5e-3;
-    /// Weights rounded to bf16 as they load (measured ≤ 8.5e-3).
-    pub const BF16_WEIGHTS: f64 = 4e-2;
-    /// Keys and values rounded to f16 in the cache (measured ≤ 6.3e-4).
+    /// Weights rounded to bf16 as they load (measured ≤ 9.8e-3).
+    pub const BF16_WEIGHTS: f64 = 2.5e-2;
+    /// Keys and values rounded to f16 in the cache (measured ≤ 7.5e-4).
     pub const F16_KV: f64 = 3e-3;
 
     /// The tolerance for a run: the largest rounding it adds to a file stored as
@@ -124,6 +128,7 @@ impl Reference {
                 lp.cols
             );
             let k = lp.cols;
+            ensure!(k > 0, "p{i}: top_ids and top_logprobs hold no tokens (K = 0)");
             let top_ids = top
                 .chunks(k.max(1))
                 .map(|r| r.iter().map(|&v| token_id(v, "top_ids")).collect::<anyhow::Result<Vec<u32>>>())
@@ -156,11 +161,13 @@ impl Reference {
 #[derive(Clone, Debug)]
 pub struct StageReport {
     pub stage: Stage,
+    /// max |ours − HF| anywhere (not necessarily at `prompt`/`position`).
     pub max_abs: f64,
-    /// max |ours − HF| / max |HF|, the worst over the prompts (NaN if anything was NaN).
+    /// max |ours − HF| / max |HF| of one position, the worst over all positions and
+    /// prompts (NaN if anything was NaN).
     pub max_rel: f64,
     pub tolerance: f64,
-    /// The prompt and position of the largest normalised difference.
+    /// The prompt and position of `max_rel`.
     pub prompt: usize,
     pub position: usize,
     /// Logits only: positions whose argmax equals HF's, of all positions, and the
@@ -189,22 +196,6 @@ impl Verification {
     pub fn first_failure(&self) -> Option<&StageReport> {
         self.stages.iter().find(|s| !s.ok())
     }
-}
-
-/// The row of the largest |a − b| (a NaN counts as largest).
-fn worst_row(a: &HostMatrix, b: &HostMatrix) -> usize {
-    let cols = b.cols.max(1);
-    let mut best = (0usize, -1f32);
-    for (i, (&x, &y)) in a.data.iter().zip(&b.data).enumerate() {
-        let d = if x == y { 0.0 } else { (x - y).abs() };
-        if d.is_nan() {
-            return i / cols;
-        }
-        if d > best.1 {
-            best = (i / cols, d);
-        }
-    }
-    best.0
 }
 
 fn argmax(row: &[f32]) -> usize {
@@ -243,6 +234,7 @@ pub fn verify<B: Backend>(
             cfg.n_layer
         );
     }
+    ensure!(!reference.prompts.is_empty(), "the reference holds no prompts");
     let mut tokens_equal = 0;
     let mut token_mismatch = None;
     // ours[p][s]: our tensor for prompt p, stage s.
@@ -268,7 +260,12 @@ pub fn verify<B: Backend>(
             &Batch { tokens: &p.ids, seqs: &seqs },
             &mut [&mut cache],
             LogitRows::All,
-            &mut |_, act| {
+            &mut |stage, act| {
+                let want = p.stages.get(stages.len()).map(|s| s.0);
+                ensure!(
+                    want == Some(stage),
+                    "the model's stage {stage} does not line up with the reference's {want:?}"
+                );
                 stages.push(backend.read(act)?);
                 Ok(())
             },
@@ -303,15 +300,20 @@ pub fn verify<B: Backend>(
         };
         for (i, p) in reference.prompts.iter().enumerate() {
             let (want, got) = (&p.stages[s].1, &ours[i][s]);
-            let e = error_stats(&got.data, &want.data);
-            report.max_abs =
-                if e.max_abs.is_nan() || report.max_abs.is_nan() { f64::NAN } else { report.max_abs.max(e.max_abs) };
-            // A NaN is worse than any number, and the first NaN stays.
-            let worse = (e.max_rel.is_nan() && !report.max_rel.is_nan()) || e.max_rel > report.max_rel;
-            if worse {
-                report.max_rel = e.max_rel;
-                report.prompt = i;
-                report.position = worst_row(got, want);
+            for r in 0..want.rows {
+                let e = error_stats(got.row(r), want.row(r));
+                report.max_abs = if e.max_abs.is_nan() || report.max_abs.is_nan() {
+                    f64::NAN
+                } else {
+                    report.max_abs.max(e.max_abs)
+                };
+                // A NaN is worse than any number, and the first NaN stays.
+                let worse = (e.max_rel.is_nan() && !report.max_rel.is_nan()) || e.max_rel > report.max_rel;
+                if worse {
+                    report.max_rel = e.max_rel;
+                    report.prompt = i;
+                    report.position = r;
+                }
             }
             if stage == Stage::Logits {
                 let (agree, total) = report.argmax.unwrap_or((0, 0));

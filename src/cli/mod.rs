@@ -309,12 +309,15 @@ pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<Pa
     loaders::resolve_model(model, &HubClient::from_env(), weights, command)
 }
 
-/// How the checkpoint stores its weights (the token embedding's dtype).
+/// How the checkpoint stores its weights: the widest float dtype of its tensors (a
+/// narrower `--dtype` rounds at least those).
 pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::loaders::safetensors::Dtype {
-    store
-        .get("wte.weight")
-        .or_else(|| store.get("transformer.wte.weight"))
-        .map_or(batch_forge::loaders::safetensors::Dtype::F32, |t| t.dtype)
+    use batch_forge::loaders::safetensors::Dtype;
+    let dtypes: Vec<Dtype> = store.tensors().map(|t| t.dtype).collect();
+    [Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16]
+        .into_iter()
+        .find(|d| dtypes.contains(d))
+        .map_or(Dtype::F32, |d| if d == Dtype::F64 { Dtype::F32 } else { d })
 }
 
 /// More threads than this is a typo, not a setting.

@@ -106,19 +106,28 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for r in &runs {
-        let skip = match &r.skip {
-            Some(why) => Some(why.clone()),
-            None if r.args.backend == BackendChoice::Gpu && all && !gpu_present() => Some("no GPU adapter".into()),
-            None => None,
+        let outcome = match &r.skip {
+            Some(why) => Err(why.clone()),
+            None => match super::in_pool(args.threads, || {
+                with_backend!(r.args, |b| check_on(b, &dir, &reference, r.tolerance))
+            }) {
+                Ok(v) => Ok(v),
+                // With `all`, a GPU that cannot be set up (no adapter, no shader-f16 for
+                // an f16 KV cache, ...) is skipped with the reason.
+                Err(e) if all && r.args.backend == BackendChoice::Gpu => Err(format!("{e:#}")),
+                Err(e) => return Err(e),
+            },
         };
-        if let Some(why) = skip {
-            if !args.json {
-                super::outln!("{}: skipped ({why})\n", r.name);
+        let v = match outcome {
+            Ok(v) => v,
+            Err(why) => {
+                if !args.json {
+                    super::outln!("{}: skipped ({why})\n", r.name);
+                }
+                results.push(serde_json::json!({ "backend": r.name, "skipped": why }));
+                continue;
             }
-            results.push(serde_json::json!({ "backend": r.name, "skipped": why }));
-            continue;
-        }
-        let v = super::in_pool(args.threads, || with_backend!(r.args, |b| check_on(b, &dir, &reference, r.tolerance)))?;
+        };
         let failure = failure_line(r.name, &v, &reference);
         if !args.json {
             print_table(&model_name, r, &reference, &v, &args.reference)?;
@@ -139,16 +148,6 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         None => Ok(()),
         Some(first) => anyhow::bail!("{first}"),
     }
-}
-
-#[cfg(feature = "gpu")]
-fn gpu_present() -> bool {
-    batch_forge::backend::gpu::GpuBackend::new(Default::default()).is_ok()
-}
-
-#[cfg(not(feature = "gpu"))]
-fn gpu_present() -> bool {
-    false
 }
 
 fn check_on<B: Backend>(
@@ -206,7 +205,7 @@ fn print_table(
     );
     super::outln!("reference {}: {}", path.display(), reference.describe());
     super::outln!("tokens: {} of {} prompts give HF's ids", v.tokens_equal, reference.prompts.len());
-    super::outln!("| stage | max abs error | max rel error | worst at | result |");
+    super::outln!("| stage | max abs error | max rel error | worst rel error at | result |");
     super::outln!("| --- | ---: | ---: | --- | --- |");
     for s in &v.stages {
         let mut result = if s.ok() { "ok".to_owned() } else { "FAIL".to_owned() };

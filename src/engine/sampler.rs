@@ -187,16 +187,18 @@ impl Sampler {
                 *v = penalize(*v, p.repeat_penalty);
             }
         }
+        if greedy {
+            // `argmax` of the penalized logits, with its exact rule (ties and NaN included).
+            let mut best = 0;
+            for (i, &(v, _)) in c.iter().enumerate() {
+                if v > c[best].0 || c[best].0.is_nan() {
+                    best = i;
+                }
+            }
+            return c.get(best).map_or(0, |&(_, id)| id);
+        }
         c.retain(|(v, _)| !v.is_nan());
         let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if greedy {
-            // As `argmax`: the first of equal maxima (so -0.0 and 0.0 tie).
-            let best = c.iter().fold(None, |best: Option<(f32, u32)>, &(v, id)| match best {
-                Some((b, _)) if v <= b => best,
-                _ => Some((v, id)),
-            });
-            return best.map_or(0, |(_, id)| id);
-        }
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, desc);
             c.truncate(p.top_k);

@@ -298,6 +298,7 @@ impl SafetensorsFile {
 }
 
 /// A tensor to write: name, dtype, shape and little-endian bytes.
+#[derive(Clone)]
 pub struct OwnedTensor {
     pub name: String,
     pub dtype: Dtype,

@@ -61,6 +61,11 @@ impl WeightStore {
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         self.index.get(name).and_then(|&i| self.files[i].get(name))
     }
+
+    /// Every tensor of every file.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorView<'_>> {
+        self.files.iter().flat_map(|f| f.names().filter_map(|n| f.get(n)))
+    }
 }
 
 /// The distinct shard file names of an index, in first-seen order. Names must be plain
