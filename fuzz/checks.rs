@@ -190,4 +190,11 @@ pub fn gguf(data: &[u8]) {
     }
     spans.sort_unstable();
     assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping tensors accepted");
+    // Its tokenizer metadata: a tokenizer or an error, never a panic; an accepted one
+    // encodes and decodes without panicking.
+    if let Ok(tok) = Tokenizer::from_gguf(&g) {
+        let ids = tok.encode("Hello 12 ½ <s> \u{4}");
+        assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
+        let _ = tok.decode(&ids);
+    }
 }

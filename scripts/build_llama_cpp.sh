@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench (CPU only) from the source distribution of the PyPI
-# package llama-cpp-python, which vendors llama.cpp. For side-by-side benchmarks only:
+# Build llama.cpp's llama-bench and llama-tokenize (CPU only) from the source distribution of the PyPI
+# package llama-cpp-python, which vendors llama.cpp. For side-by-side benchmarks and
+# tokenizer comparisons only:
 # not used by the tests or CI, and nothing it produces is committed.
 #
 #   scripts/build_llama_cpp.sh [WORKDIR]      (default /tmp/llama.cpp-build)
 #
 # Needs: cmake and a C++ compiler (apt-get install -y cmake g++), pip.
-# Result: $WORKDIR/build/bin/llama-bench
+# Result: $WORKDIR/build/bin/llama-bench, $WORKDIR/build/bin/llama-tokenize
 set -euo pipefail
 work=${1:-/tmp/llama.cpp-build}
 mkdir -p "$work"
@@ -18,5 +19,5 @@ if [ ! -d src ]; then
 fi
 cmake -S src/vendor/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-cmake --build build --target llama-bench -j "$(nproc)"
-echo "built $work/build/bin/llama-bench"
+cmake --build build --target llama-bench llama-tokenize -j "$(nproc)"
+echo "built $work/build/bin/llama-bench and llama-tokenize"

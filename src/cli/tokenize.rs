@@ -14,7 +14,7 @@ pub struct TokenizeArgs {
     /// Text to tokenize; omitted or `-`: read stdin, tokenized exactly as read (a trailing
     /// newline included, unless --strip-newline).
     text: Option<String>,
-    /// Model folder or Hub id whose tokenizer to use.
+    /// Model folder, Hub id or .gguf file whose tokenizer to use.
     #[arg(long, short, default_value = DEFAULT_MODEL)]
     model: String,
     /// Read JSON objects with a "text" string, one per line, from stdin; write each object
@@ -34,13 +34,25 @@ pub struct DetokenizeArgs {
     /// Token ids (separated by spaces or commas, or one JSON array such as `forge tokenize`
     /// prints); omitted: read them from stdin.
     ids: Vec<String>,
-    /// Model folder or Hub id whose tokenizer to use.
+    /// Model folder, Hub id or .gguf file whose tokenizer to use.
     #[arg(long, short, default_value = DEFAULT_MODEL)]
     model: String,
     /// Read JSON objects with an "ids" array, one per line, from stdin; write each object
     /// back with a "text" string added (other fields kept; a blank line stays blank).
     #[arg(long, conflicts_with = "ids")]
     jsonl: bool,
+}
+
+/// The tokenizer of `--model`: a `.gguf` file's metadata, or a folder's (or Hub
+/// repo's) tokenizer files.
+fn tokenizer_for(model: &str, command: &str) -> anyhow::Result<Tokenizer> {
+    let path = std::path::Path::new(model);
+    if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        let g = batch_forge::loaders::gguf::GgufFile::open(path)?;
+        return Ok(Tokenizer::from_gguf(&g)?);
+    }
+    let dir = super::model_dir(model, false, command)?;
+    Ok(Tokenizer::from_dir(&dir)?)
 }
 
 fn read_stdin_text() -> anyhow::Result<String> {
@@ -81,10 +93,13 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!(args.jsonl && args.text.is_some()), "--jsonl reads stdin; do not also pass TEXT");
     let from_stdin = args.text.as_deref().is_none_or(|t| t == "-");
     anyhow::ensure!(!args.strip_newline || from_stdin, "--strip-newline applies to text read from stdin");
-    let dir = super::model_dir(&args.model, false, "tokenize")?;
-    let tok = Tokenizer::from_dir(&dir)?;
+    let tok = tokenizer_for(&args.model, "tokenize")?;
+    // A whole text, as the model would see it: its BOS first when it asks for one
+    // (GGUF add_bos_token; llama-tokenize and HF do the same).
     let encode = |s: &str| {
-        if args.ordinary { tok.encode_ordinary(s) } else { tok.encode(s) }
+        let mut ids: Vec<u32> = tok.bos_to_add().into_iter().collect();
+        ids.extend(if args.ordinary { tok.encode_ordinary(s) } else { tok.encode(s) });
+        ids
     };
     if args.jsonl {
         return map_jsonl(|n, obj| {
@@ -145,8 +160,7 @@ pub fn run_detokenize(args: DetokenizeArgs) -> anyhow::Result<()> {
     } else {
         Some(parse_ids(&args.ids.join(" "))?)
     };
-    let dir = super::model_dir(&args.model, false, "detokenize")?;
-    let tok = Tokenizer::from_dir(&dir)?;
+    let tok = tokenizer_for(&args.model, "detokenize")?;
     match ids {
         None => map_jsonl(|n, obj| {
             let ids = obj

@@ -51,7 +51,7 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: 
         if is_gguf {
             bail!(
                 "{model:?} is a GGUF file; running GGUF models is not supported yet (`forge inspect {model}` \
-                 reads it); {EXPECTED}"
+                 reads it, `forge tokenize -m {model}` uses its tokenizer); {EXPECTED}"
             );
         }
         let folder = as_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

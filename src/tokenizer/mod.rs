@@ -1,7 +1,10 @@
-//! Byte-level BPE tokenizer (GPT-2): loading, encoding, decoding, streaming decode.
+//! Byte-level BPE tokenizer (GPT-2 and Llama-family models that use it): loading,
+//! encoding, decoding, streaming decode.
 //!
-//! Loads HF `tokenizer.json` or the original `vocab.json` + `merges.txt`. Encoding is
-//! pre-tokenize ([`pretokenize`]) → bytes → BPE merges by rank, with a per-word cache.
+//! Loads HF `tokenizer.json`, the original `vocab.json` + `merges.txt`, or the
+//! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2`). Encoding is pre-tokenize
+//! ([`pretokenize`]; GPT-2's pattern, or llama.cpp's `smollm`: every number character
+//! alone first) → bytes → BPE merges by rank, with a per-word cache.
 //! Special tokens (`<|endoftext|>`) are matched in the text only when asked
 //! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does.
 
@@ -35,14 +38,29 @@ type Result<T> = std::result::Result<T, TokenizerError>;
 const CACHE_MAX_WORD: usize = 64;
 const CACHE_MAX_ENTRIES: usize = 1 << 16;
 
+/// How text is split into words before BPE, named as llama.cpp's `tokenizer.ggml.pre`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// GPT-2's regex (`gpt-2`).
+    Gpt2,
+    /// llama.cpp's `smollm`: each `\p{N}` character is a word of its own, then GPT-2's
+    /// regex on the rest (HF: `Digits(individual_digits)` before `ByteLevel`).
+    SmolLm,
+}
+
 pub struct Tokenizer {
+    pre: PreTokenizer,
+    /// A BOS id that encoders of whole prompts put first (GGUF `add_bos_token`).
+    add_bos: Option<u32>,
     /// Raw bytes of each token → id.
     encoder: HashMap<Vec<u8>, u32>,
     /// id → raw bytes (empty for ids the vocabulary does not use).
     decoder: Vec<Vec<u8>>,
     /// (left id, right id) → (rank, merged id).
     merges: HashMap<(u32, u32), (u32, u32)>,
-    byte_ids: [u32; 256],
+    /// The token of each single byte; `None` where the vocabulary has none (such bytes
+    /// are dropped from the text, as HF's BPE without an unknown token and llama.cpp do).
+    byte_ids: [Option<u32>; 256],
     /// Special tokens as (text, id), longest first.
     specials: Vec<(String, u32)>,
     cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
@@ -187,11 +205,14 @@ impl Tokenizer {
         for (s, id) in &specials {
             decoder[*id as usize] = s.as_bytes().to_vec();
         }
-        let mut byte_ids = [0u32; 256];
+        let mut byte_ids = [None; 256];
         for b in 0..=255u8 {
-            byte_ids[b as usize] = *encoder
-                .get(&[b][..])
-                .ok_or_else(|| format_err(path, format!("vocabulary lacks the single byte {b:#04x}")))?;
+            byte_ids[b as usize] = encoder.get(&[b][..]).copied();
+        }
+        // Printable ASCII must be there (a byte-level vocabulary without it is broken);
+        // others may be missing (SmolLM2 lacks 21 control and never-valid bytes).
+        if let Some(b) = (0x20..0x7f).find(|&b| byte_ids[b].is_none()) {
+            return Err(format_err(path, format!("vocabulary lacks the single byte {b:#04x}")));
         }
         let lookup = |s: &str| -> Result<u32> {
             let bytes = byte_level::token_string_to_bytes(s, &table)
@@ -207,7 +228,111 @@ impl Tokenizer {
             merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
         }
         specials.sort_by_key(|(s, _)| Reverse(s.len()));
-        Ok(Tokenizer { encoder, decoder, merges: merge_map, byte_ids, specials, cache: Mutex::new(HashMap::new()) })
+        Ok(Tokenizer {
+            pre: PreTokenizer::Gpt2,
+            add_bos: None,
+            encoder,
+            decoder,
+            merges: merge_map,
+            byte_ids,
+            specials,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Build from the `tokenizer.ggml.*` metadata of a GGUF file: model `gpt2`
+    /// (byte-level BPE) with pre-tokenizer `gpt-2` or `smollm`; control (type 3) and
+    /// user-defined (type 4) tokens are special (matched in text, spelled as they are).
+    pub fn from_gguf(g: &crate::loaders::gguf::GgufFile) -> Result<Self> {
+        let path = g.path();
+        let err = |msg: String| format_err(path, msg);
+        let meta = |k: &str| g.get(k).ok_or_else(|| err(format!("no {k} in the metadata")));
+        let string = |k: &str| meta(k)?.as_str().ok_or_else(|| err(format!("{k} is not a string")));
+        let model = string("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(err(format!(
+                "tokenizer.ggml.model = {model:?} is not supported (only \"gpt2\", byte-level BPE)"
+            )));
+        }
+        let pre = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
+            None => PreTokenizer::Gpt2, // older files: GPT-2's pattern, as llama.cpp assumes
+            Some(Some("gpt-2" | "default")) => PreTokenizer::Gpt2,
+            Some(Some("smollm")) => PreTokenizer::SmolLm,
+            Some(Some(other)) => {
+                return Err(err(format!(
+                    "tokenizer.ggml.pre = {other:?} is not supported (supported: \"gpt-2\", \"smollm\")"
+                )));
+            }
+            Some(None) => return Err(err("tokenizer.ggml.pre is not a string".into())),
+        };
+        let array = |k: &str| meta(k)?.as_array().ok_or_else(|| err(format!("{k} is not an array")));
+        let tokens = array("tokenizer.ggml.tokens")?;
+        let texts = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| t.as_str().ok_or_else(|| err(format!("token {i} is not a string"))))
+            .collect::<Result<Vec<&str>>>()?;
+        let types = match g.get("tokenizer.ggml.token_type") {
+            Some(v) => Some(v.as_array().ok_or_else(|| err("tokenizer.ggml.token_type is not an array".into()))?),
+            None => None,
+        };
+        if let Some(t) = types
+            && t.len() != tokens.len()
+        {
+            return Err(err(format!("{} token types for {} tokens", t.len(), tokens.len())));
+        }
+        let mut vocab = Vec::with_capacity(tokens.len());
+        let mut specials = Vec::new();
+        for (i, &text) in texts.iter().enumerate() {
+            let id = u32::try_from(i).map_err(|_| err("too many tokens".into()))?;
+            let ty = types.map(|t| t[i].as_u64());
+            match ty {
+                Some(Some(3 | 4)) => specials.push((text.to_owned(), id)),
+                Some(Some(_)) | None => {}
+                Some(None) => return Err(err(format!("token type {i} is not an integer"))),
+            }
+            vocab.push((text.to_owned(), id));
+        }
+        let mut merges = Vec::new();
+        for (i, m) in array("tokenizer.ggml.merges")?.iter().enumerate() {
+            let m = m.as_str().ok_or_else(|| err(format!("merge {i} is not a string")))?;
+            let (a, b) = m.split_once(' ').ok_or_else(|| err(format!("merge {i} ({m:?}) is not two tokens")))?;
+            merges.push((a.to_owned(), b.to_owned()));
+        }
+        let id_of = |k: &str| -> Result<Option<u32>> {
+            match g.get(k) {
+                None => Ok(None),
+                Some(v) => {
+                    let id = v.as_u64().and_then(|v| u32::try_from(v).ok()).filter(|&v| (v as usize) < tokens.len());
+                    id.map(Some).ok_or_else(|| err(format!("{k} is not a token id")))
+                }
+            }
+        };
+        let bos = id_of("tokenizer.ggml.bos_token_id")?;
+        let add_bos = match g.get("tokenizer.ggml.add_bos_token") {
+            Some(v) => v.as_bool().ok_or_else(|| err("tokenizer.ggml.add_bos_token is not a bool".into()))?,
+            None => false,
+        };
+        for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"] {
+            id_of(k)?;
+        }
+        let mut tok = Self::build(path, vocab, merges, specials)?;
+        tok.pre = pre;
+        if add_bos {
+            tok.add_bos = Some(bos.ok_or_else(|| err("add_bos_token is set but there is no bos_token_id".into()))?);
+        }
+        Ok(tok)
+    }
+
+    /// The pre-tokenizer this tokenizer splits words with.
+    pub fn pre_tokenizer(&self) -> PreTokenizer {
+        self.pre
+    }
+
+    /// The BOS id to put before a whole prompt, when the model asks for one (GGUF
+    /// `add_bos_token`); `None` for GPT-2's files.
+    pub fn bos_to_add(&self) -> Option<u32> {
+        self.add_bos
     }
 
     /// Number of ids (one past the largest token id).
@@ -253,28 +378,53 @@ impl Tokenizer {
     }
 
     fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
-        for piece in pre_tokenize(text) {
-            let bytes = piece.as_bytes();
-            if let Some(&id) = self.encoder.get(bytes) {
-                out.push(id);
-                continue;
-            }
-            if bytes.len() <= CACHE_MAX_WORD {
-                let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(ids) = cache.get(bytes) {
-                    out.extend_from_slice(ids);
-                    continue;
+        match self.pre {
+            PreTokenizer::Gpt2 => {
+                for piece in pre_tokenize(text) {
+                    self.encode_word(piece, out);
                 }
             }
-            let start = out.len();
-            self.bpe(bytes, out);
-            if bytes.len() <= CACHE_MAX_WORD {
-                let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-                if cache.len() >= CACHE_MAX_ENTRIES {
-                    cache.clear();
+            PreTokenizer::SmolLm => {
+                // Every number character is a word; GPT-2's pattern splits the text between.
+                let mut start = 0;
+                for (i, c) in text.char_indices() {
+                    if pretokenize::is_number(c) {
+                        for piece in pre_tokenize(&text[start..i]) {
+                            self.encode_word(piece, out);
+                        }
+                        self.encode_word(&text[i..i + c.len_utf8()], out);
+                        start = i + c.len_utf8();
+                    }
                 }
-                cache.insert(bytes.to_vec(), out[start..].to_vec());
+                for piece in pre_tokenize(&text[start..]) {
+                    self.encode_word(piece, out);
+                }
             }
+        }
+    }
+
+    /// BPE of one pre-token, through the cache.
+    fn encode_word(&self, piece: &str, out: &mut Vec<u32>) {
+        let bytes = piece.as_bytes();
+        if let Some(&id) = self.encoder.get(bytes) {
+            out.push(id);
+            return;
+        }
+        if bytes.len() <= CACHE_MAX_WORD {
+            let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(ids) = cache.get(bytes) {
+                out.extend_from_slice(ids);
+                return;
+            }
+        }
+        let start = out.len();
+        self.bpe(bytes, out);
+        if bytes.len() <= CACHE_MAX_WORD {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.len() >= CACHE_MAX_ENTRIES {
+                cache.clear();
+            }
+            cache.insert(bytes.to_vec(), out[start..].to_vec());
         }
     }
 
@@ -289,12 +439,15 @@ impl Tokenizer {
             next: usize,
             alive: bool,
         }
-        let n = bytes.len();
-        let mut syms: Vec<Sym> = bytes
-            .iter()
+        let known = || bytes.iter().filter_map(|&b| self.byte_ids[b as usize]);
+        let n = known().count();
+        if n == 0 {
+            return; // every byte is unknown to the vocabulary: dropped
+        }
+        let mut syms: Vec<Sym> = known()
             .enumerate()
-            .map(|(i, &b)| Sym {
-                id: self.byte_ids[b as usize],
+            .map(|(i, id)| Sym {
+                id,
                 prev: if i == 0 { NONE } else { i - 1 },
                 next: if i + 1 == n { NONE } else { i + 1 },
                 alive: true,

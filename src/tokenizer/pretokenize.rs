@@ -41,6 +41,12 @@ fn class_of(c: char) -> Class {
     }
 }
 
+/// Whether `c` is a number character (`\p{N}`: decimal digits, letter numbers such as
+/// Roman numerals, other numbers such as `²` or `½`).
+pub(crate) fn is_number(c: char) -> bool {
+    class_of(c) == Class::Number
+}
+
 /// Iterator over the pre-token pieces of `text`, as `&str` slices that tile it exactly.
 pub struct PreTokens<'a> {
     text: &'a str,
