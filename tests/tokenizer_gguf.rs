@@ -68,19 +68,6 @@ fn smollm2_ids_equal_hf() {
     assert!(tok.encode_ordinary("<|im_start|>").len() > 1);
 }
 
-/// llama.cpp's `smollm` splits every number character off before GPT-2's pattern: with a
-/// vocabulary that has a merge for `Ġ1`, " 12" must still give " ", "1", "2".
-#[test]
-fn smollm_pre_tokenizer_splits_each_number_character() {
-    let tok = smollm2();
-    // SmolLM2 has no multi-digit tokens, so check the split itself on a GPT-2 style word.
-    assert_eq!(tok.encode(" 12"), [216, 33, 34]);
-    assert_eq!(
-        tok.encode("x²y"),
-        tok.encode("x").into_iter().chain(tok.encode("²")).chain(tok.encode("y")).collect::<Vec<_>>()
-    );
-}
-
 /// `forge tokenize -m FILE.gguf` and `forge detokenize` through the CLI, on every case.
 #[test]
 fn cli_tokenizes_with_a_gguf_file() {
@@ -170,12 +157,18 @@ enum Meta {
     I32s(Vec<i32>),
 }
 
-/// The 256 byte-level tokens, then "ab" and a control token.
-fn tiny_meta() -> Vec<(&'static str, Meta)> {
-    let table: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
-    let mut tokens = table.clone();
+/// The 256 byte-level tokens (token i is byte i), then "ab" (256) and "<s>" (257).
+fn tiny_tokens() -> Vec<String> {
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
     tokens.push("ab".into());
     tokens.push("<s>".into());
+    tokens
+}
+
+/// A tiny GPT-2-style tokenizer: [`tiny_tokens`], the merge "a b", "<s>" a control token
+/// and the BOS, added to every text.
+fn tiny_meta() -> Vec<(&'static str, Meta)> {
+    let tokens = tiny_tokens();
     let mut types = vec![1; 257];
     types.push(3);
     vec![
@@ -233,6 +226,66 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         let err = load(&meta).err().unwrap_or_else(|| panic!("{want}: accepted")).to_string();
         assert!(err.contains(want), "{want}: {err}");
     }
-    // A pre-tokenizer name missing altogether means GPT-2's, as llama.cpp assumes for old files.
-    assert_eq!(load(&without("tokenizer.ggml.pre")).unwrap().pre_tokenizer(), PreTokenizer::Gpt2);
+    // No pre-tokenizer name: llama.cpp would use its "default" pattern, which is refused.
+    for meta in [without("tokenizer.ggml.pre"), with("tokenizer.ggml.pre", Meta::Str("default".into()))] {
+        let err = load(&meta).err().unwrap().to_string();
+        assert!(err.contains("not supported"), "{err}");
+    }
+    // An empty ordinary token; a missing printable byte (refused) or control byte (dropped).
+    let mut tokens = tiny_tokens();
+    tokens[256] = String::new();
+    let err = load(&with("tokenizer.ggml.tokens", Meta::Strs(tokens))).err().unwrap().to_string();
+    assert!(err.contains("vocab token 256 is the empty string"), "{err}");
+    let mut tokens = tiny_tokens();
+    tokens[b'q' as usize] = "q-gone".into();
+    let err = load(&with("tokenizer.ggml.tokens", Meta::Strs(tokens))).err().unwrap().to_string();
+    assert!(err.contains("lacks the single byte 0x71"), "{err}");
+    let mut tokens = tiny_tokens();
+    tokens[4] = "no-4".into();
+    let tok = load(&with("tokenizer.ggml.tokens", Meta::Strs(tokens))).unwrap();
+    assert_eq!(tok.encode("a\u{4}b"), [u32::from(b'a'), u32::from(b'b')]);
+}
+
+/// The `smollm` split against `gpt-2` on a vocabulary that merges `Ġ1` and `12`: GPT-2's
+/// pattern keeps " 12" one word (→ Ġ1, 2), smollm splits every digit off (→ Ġ, 1, 2).
+#[test]
+fn smollm_and_gpt2_pre_tokenizers_differ_where_they_should() {
+    let mut tokens = tiny_tokens();
+    tokens.extend(["Ġ1".to_owned(), "12".to_owned()]); // ids 258, 259
+    let load = |pre: &str| {
+        let mut m = tiny_meta();
+        for (k, v) in &mut m {
+            match *k {
+                "tokenizer.ggml.pre" => *v = Meta::Str(pre.into()),
+                "tokenizer.ggml.tokens" => *v = Meta::Strs(tokens.clone()),
+                "tokenizer.ggml.token_type" => *v = Meta::I32s([vec![1; 257], vec![3], vec![1, 1]].concat()),
+                "tokenizer.ggml.merges" => *v = Meta::Strs(vec!["a b".into(), "Ġ 1".into(), "1 2".into()]),
+                _ => {}
+            }
+        }
+        Tokenizer::from_gguf(&GgufFile::from_bytes("t.gguf", gguf(&m)).unwrap()).unwrap()
+    };
+    let (g, s) = (load("gpt-2"), load("smollm"));
+    let (sp, one, two, x) = (u32::from(b' '), u32::from(b'1'), u32::from(b'2'), u32::from(b'x'));
+    assert_eq!(g.encode(" 12"), [258, two]);
+    assert_eq!(s.encode(" 12"), [sp, one, two]);
+    assert_eq!(g.encode("x12"), [x, 259]);
+    assert_eq!(s.encode("x12"), [x, one, two]);
+    assert_eq!(s.encode("a½"), g.encode("a½")); // one number character either way
+}
+
+/// `forge tokenize` puts BOS first and EOS last when the GGUF asks for them.
+#[test]
+fn cli_adds_bos_and_eos_when_the_gguf_asks() {
+    let mut meta = tiny_meta();
+    meta.push(("tokenizer.ggml.eos_token_id", Meta::U32(256)));
+    meta.push(("tokenizer.ggml.add_eos_token", Meta::Bool(true)));
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny.gguf");
+    std::fs::write(&path, gguf(&meta)).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["tokenize", "-m", path.to_str().unwrap(), "xab"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), "[257,120,256,256]\n", "{}", String::from_utf8_lossy(&o.stderr));
 }

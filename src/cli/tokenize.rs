@@ -94,11 +94,12 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     let from_stdin = args.text.as_deref().is_none_or(|t| t == "-");
     anyhow::ensure!(!args.strip_newline || from_stdin, "--strip-newline applies to text read from stdin");
     let tok = tokenizer_for(&args.model, "tokenize")?;
-    // A whole text, as the model would see it: its BOS first when it asks for one
-    // (GGUF add_bos_token; llama-tokenize and HF do the same).
+    // A whole text, as the model would see it: BOS first and EOS last when it asks for
+    // them (GGUF add_bos_token / add_eos_token; llama-tokenize does the same).
     let encode = |s: &str| {
         let mut ids: Vec<u32> = tok.bos_to_add().into_iter().collect();
         ids.extend(if args.ordinary { tok.encode_ordinary(s) } else { tok.encode(s) });
+        ids.extend(tok.eos_to_add());
         ids
     };
     if args.jsonl {

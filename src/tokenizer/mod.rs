@@ -50,16 +50,20 @@ pub enum PreTokenizer {
 
 pub struct Tokenizer {
     pre: PreTokenizer,
-    /// A BOS id that encoders of whole prompts put first (GGUF `add_bos_token`).
+    /// BOS and EOS ids that encoders of whole texts put first and last (GGUF
+    /// `add_bos_token`, `add_eos_token`).
     add_bos: Option<u32>,
+    add_eos: Option<u32>,
     /// Raw bytes of each token → id.
     encoder: HashMap<Vec<u8>, u32>,
     /// id → raw bytes (empty for ids the vocabulary does not use).
     decoder: Vec<Vec<u8>>,
     /// (left id, right id) → (rank, merged id).
     merges: HashMap<(u32, u32), (u32, u32)>,
-    /// The token of each single byte; `None` where the vocabulary has none (such bytes
-    /// are dropped from the text, as HF's BPE without an unknown token and llama.cpp do).
+    /// The token of each single byte; `None` where the vocabulary has none (GGUF files
+    /// only). Such bytes are dropped before merging, as HF's BPE without an unknown token
+    /// does (llama.cpp drops them after merging: the two differ only when a merge spans
+    /// a dropped byte inside one pre-token).
     byte_ids: [Option<u32>; 256],
     /// Special tokens as (text, id), longest first.
     specials: Vec<(String, u32)>,
@@ -135,7 +139,7 @@ impl Tokenizer {
                 specials.push((content.to_owned(), id));
             }
         }
-        Self::build(path, vocab, merges, specials)
+        Self::build(path, vocab, merges, specials, |_| false)
     }
 
     /// Load OpenAI's original files: `vocab.json` (encoder.json) and `merges.txt` (vocab.bpe).
@@ -159,14 +163,17 @@ impl Tokenizer {
         }
         // GPT-2's one special token lives in vocab.json; mark it special as HF does.
         let specials = vocab.get("<|endoftext|>").map(|&id| vec![("<|endoftext|>".to_owned(), id)]).unwrap_or_default();
-        Self::build(vocab_path, vocab.into_iter().collect(), merges, specials)
+        Self::build(vocab_path, vocab.into_iter().collect(), merges, specials, |_| false)
     }
 
+    /// `may_lack(b)`: whether the vocabulary may go without a token for byte `b` (such
+    /// bytes are then dropped from the text); any other missing byte is an error.
     fn build(
         path: &Path,
         vocab: Vec<(String, u32)>,
         merges: Vec<(String, String)>,
         mut specials: Vec<(String, u32)>,
+        may_lack: fn(u8) -> bool,
     ) -> Result<Self> {
         let table = byte_level::byte_to_char_table();
         // Empty tokens would match everywhere (an endless encode) or decode to nothing.
@@ -209,9 +216,7 @@ impl Tokenizer {
         for b in 0..=255u8 {
             byte_ids[b as usize] = encoder.get(&[b][..]).copied();
         }
-        // Printable ASCII must be there (a byte-level vocabulary without it is broken);
-        // others may be missing (SmolLM2 lacks 21 control and never-valid bytes).
-        if let Some(b) = (0x20..0x7f).find(|&b| byte_ids[b].is_none()) {
+        if let Some(b) = (0..=255u8).find(|&b| byte_ids[b as usize].is_none() && !may_lack(b)) {
             return Err(format_err(path, format!("vocabulary lacks the single byte {b:#04x}")));
         }
         let lookup = |s: &str| -> Result<u32> {
@@ -231,6 +236,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             pre: PreTokenizer::Gpt2,
             add_bos: None,
+            add_eos: None,
             encoder,
             decoder,
             merges: merge_map,
@@ -255,8 +261,12 @@ impl Tokenizer {
             )));
         }
         let pre = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
-            None => PreTokenizer::Gpt2, // older files: GPT-2's pattern, as llama.cpp assumes
-            Some(Some("gpt-2" | "default")) => PreTokenizer::Gpt2,
+            None => {
+                return Err(err("no tokenizer.ggml.pre: llama.cpp then uses its \"default\" pattern, which is not \
+                                supported (supported: \"gpt-2\", \"smollm\")"
+                    .into()));
+            }
+            Some(Some("gpt-2")) => PreTokenizer::Gpt2,
             Some(Some("smollm")) => PreTokenizer::SmolLm,
             Some(Some(other)) => {
                 return Err(err(format!(
@@ -309,17 +319,27 @@ impl Tokenizer {
             }
         };
         let bos = id_of("tokenizer.ggml.bos_token_id")?;
-        let add_bos = match g.get("tokenizer.ggml.add_bos_token") {
-            Some(v) => v.as_bool().ok_or_else(|| err("tokenizer.ggml.add_bos_token is not a bool".into()))?,
-            None => false,
+        let flag = |k: &str| match g.get(k) {
+            Some(v) => v.as_bool().ok_or_else(|| err(format!("{k} is not a bool"))),
+            None => Ok(false),
         };
-        for k in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"] {
+        let add_bos = flag("tokenizer.ggml.add_bos_token")?;
+        let add_eos = flag("tokenizer.ggml.add_eos_token")?;
+        let eos = id_of("tokenizer.ggml.eos_token_id")?;
+        for k in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"] {
             id_of(k)?;
         }
-        let mut tok = Self::build(path, vocab, merges, specials)?;
+        // GGUF vocabularies may lack ASCII control bytes and lead bytes of UTF-8 beyond
+        // plane 1 or never valid (SmolLM2 lacks 21 such); text loses those bytes, as in
+        // HF. Printable ASCII, continuation bytes and common lead bytes must be there.
+        let may_lack = |b: u8| b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1;
+        let mut tok = Self::build(path, vocab, merges, specials, may_lack)?;
         tok.pre = pre;
         if add_bos {
             tok.add_bos = Some(bos.ok_or_else(|| err("add_bos_token is set but there is no bos_token_id".into()))?);
+        }
+        if add_eos {
+            tok.add_eos = Some(eos.ok_or_else(|| err("add_eos_token is set but there is no eos_token_id".into()))?);
         }
         Ok(tok)
     }
@@ -333,6 +353,11 @@ impl Tokenizer {
     /// `add_bos_token`); `None` for GPT-2's files.
     pub fn bos_to_add(&self) -> Option<u32> {
         self.add_bos
+    }
+
+    /// The EOS id to put after a whole text, when the model asks for one (GGUF `add_eos_token`).
+    pub fn eos_to_add(&self) -> Option<u32> {
+        self.add_eos
     }
 
     /// Number of ids (one past the largest token id).
@@ -526,7 +551,7 @@ mod tests {
             (0..=255u8).map(|b| (byte_level::byte_to_char_table()[b as usize].to_string(), b as u32)).collect();
         vocab.extend([("aa".into(), 256), ("aaa".into(), 257), ("ab".into(), 258)]);
         let merges = vec![("a".into(), "a".into()), ("aa".into(), "a".into()), ("a".into(), "b".into())];
-        Tokenizer::build(Path::new("test"), vocab, merges, vec![]).unwrap()
+        Tokenizer::build(Path::new("test"), vocab, merges, vec![], |_| false).unwrap()
     }
 
     #[test]
