@@ -85,23 +85,17 @@ fn allocations_in_warm_decode(sampling: SamplingParams) -> usize {
 
 #[test]
 fn warm_decode_steps_do_not_allocate() {
-    let greedy = allocations_in_warm_decode(SamplingParams::greedy());
-    assert_eq!(greedy, 0, "{greedy} heap allocations in 52 warm greedy decode steps");
-    let sampled = allocations_in_warm_decode(SamplingParams {
-        temperature: 0.8,
-        top_k: 40,
-        top_p: 0.95,
-        min_p: 0.05,
-        seed: 1,
-        ..SamplingParams::greedy()
-    });
-    assert_eq!(sampled, 0, "{sampled} heap allocations in 52 warm sampled decode steps");
-    let penalized = allocations_in_warm_decode(SamplingParams {
+    let sampled =
+        SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed: 1, ..SamplingParams::greedy() };
+    let penalized = SamplingParams {
         temperature: 0.8,
         repeat_penalty: 1.3,
         repeat_last_n: 64,
         seed: 1,
         ..SamplingParams::greedy()
-    });
-    assert_eq!(penalized, 0, "{penalized} heap allocations in 52 warm decode steps with a repetition penalty");
+    };
+    for (what, params) in [("greedy", SamplingParams::greedy()), ("sampled", sampled), ("penalized", penalized)] {
+        let n = allocations_in_warm_decode(params);
+        assert_eq!(n, 0, "{n} heap allocations in 52 warm {what} decode steps");
+    }
 }

@@ -3,7 +3,7 @@
 //! Flag names follow llama.cpp's `llama-cli` (`-p`, `-f`, `-n`, `--temp`, `-s`, `-c`,
 //! `--min-p`, `--repeat-penalty`, ...), with the older long names kept as aliases.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -159,22 +159,10 @@ enum PromptSource {
     None,
 }
 
-/// Drop one trailing newline (`\n` or `\r\n`), as llama.cpp does for `-f`.
-fn drop_trailing_newline(mut s: String) -> String {
-    if s.ends_with('\n') {
-        s.pop();
-        if s.ends_with('\r') {
-            s.pop();
-        }
-    }
-    s
-}
+use super::drop_trailing_newline;
 
 fn read_stdin() -> anyhow::Result<String> {
-    let mut buf = Vec::new();
-    std::io::stdin().lock().read_to_end(&mut buf).context("reading the prompt from stdin")?;
-    String::from_utf8(buf)
-        .map_err(|e| anyhow::anyhow!("the prompt on stdin is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()))
+    super::read_stdin_utf8("the prompt on stdin")
 }
 
 impl GenerateArgs {
@@ -210,14 +198,15 @@ impl GenerateArgs {
         Ok(sampling)
     }
 
-    /// The context used: `-c`, or the model's whole context when it is 0.
-    fn n_ctx(&self, n_positions: usize) -> anyhow::Result<usize> {
+    /// `-c` as a cap on the model's context (`None`: all of it); beyond the model's own
+    /// context it is an error.
+    fn max_context(&self, n_positions: usize) -> anyhow::Result<Option<usize>> {
         anyhow::ensure!(
             self.ctx_size <= n_positions,
             "-c {} exceeds the model's context of {n_positions} tokens (it has no position embeddings beyond it)",
             self.ctx_size
         );
-        Ok(if self.ctx_size > 0 { self.ctx_size } else { n_positions })
+        Ok((self.ctx_size > 0).then_some(self.ctx_size))
     }
 
     fn params(&self, sampling: SamplingParams) -> GenerateParams {
@@ -225,7 +214,7 @@ impl GenerateArgs {
             max_new_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
             sampling,
             ignore_eos: self.ignore_eos,
-            max_context: (self.ctx_size > 0).then_some(self.ctx_size),
+            max_context: (self.ctx_size > 0).then_some(self.ctx_size), // checked by max_context()
             logprobs: self.logprobs.map(usize::from),
         }
     }
@@ -316,8 +305,10 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     let device = gpu_backend.description();
     let gpu = Engine::load_dir(gpu_backend, &dir)?;
     let tok = &cpu.tokenizer;
+    let max_context = args.max_context(cpu.model.config().n_positions)?;
     let prompt_ids = prompt_ids(&cpu, prompt, source);
-    let sampling = args.sampling(args.n_ctx(cpu.model.config().n_positions)?)?;
+    let n_ctx = cpu.check_prompt(prompt_ids.len(), max_context)?;
+    let sampling = args.sampling(n_ctx)?;
     announce_seed(&sampling);
     let params = args.params(sampling);
     super::outln!("lockstep: cpu vs gpu on {device}, prompt {} tokens", prompt_ids.len());
@@ -422,12 +413,10 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
     let n_positions = engine.model.config().n_positions;
-    let n_ctx = args.n_ctx(n_positions)?;
+    let max_context = args.max_context(n_positions)?;
     let prompt_ids = prompt_ids(&engine, prompt, source);
-    if prompt_ids.len() > n_ctx {
-        let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
-        anyhow::bail!("the prompt is {} tokens but {whose} is {n_ctx}; shorten the prompt", prompt_ids.len());
-    }
+    // Before the seed is announced: a run that cannot start says only why.
+    let n_ctx = engine.check_prompt(prompt_ids.len(), max_context)?;
     let sampling = args.sampling(n_ctx)?;
     announce_seed(&sampling);
     let eos = engine.model.config().eos_token_id;
@@ -454,7 +443,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
 
     let timings = PhaseTimings::new(load_time, &result);
     if args.json {
-        let obj = serde_json::json!({
+        let mut obj = serde_json::json!({
             "prompt_ids": result.prompt_ids,
             "generated_ids": result.generated_ids,
             "text": text,
@@ -464,7 +453,6 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
             "greedy": sampling.is_greedy(),
             "timings": timings.json(),
         });
-        let mut obj = obj;
         if args.logprobs.is_some() {
             let text =
                 |id: u32| tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();

@@ -309,6 +309,26 @@ pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<Pa
     loaders::resolve_model(model, &HubClient::from_env(), weights, command)
 }
 
+/// All of stdin as UTF-8; `what` names it in the error (an invalid byte's offset).
+pub fn read_stdin_utf8(what: &str) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut buf).map_err(|e| anyhow::anyhow!("reading {what}: {e}"))?;
+    String::from_utf8(buf)
+        .map_err(|e| anyhow::anyhow!("{what} is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()))
+}
+
+/// Drop one trailing newline (`\n` or `\r\n`), as llama.cpp does for prompt files.
+pub fn drop_trailing_newline(mut s: String) -> String {
+    if s.ends_with('\n') {
+        s.pop();
+        if s.ends_with('\r') {
+            s.pop();
+        }
+    }
+    s
+}
+
 /// How the checkpoint stores its weights: the widest float dtype of its tensors (a
 /// narrower `--dtype` rounds at least those).
 pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::loaders::safetensors::Dtype {

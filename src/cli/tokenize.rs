@@ -1,7 +1,7 @@
 //! `forge tokenize` (text → ids) and `forge detokenize` (ids → text), one text or a
 //! JSON-lines corpus on stdin.
 
-use std::io::{BufRead, Read, Write};
+use std::io::{BufRead, Write};
 
 use anyhow::Context;
 use clap::Args;
@@ -56,10 +56,7 @@ fn tokenizer_for(model: &str, command: &str) -> anyhow::Result<Tokenizer> {
 }
 
 fn read_stdin_text() -> anyhow::Result<String> {
-    let mut buf = Vec::new();
-    std::io::stdin().lock().read_to_end(&mut buf).context("reading stdin")?;
-    String::from_utf8(buf)
-        .map_err(|e| anyhow::anyhow!("stdin is not valid UTF-8 (byte {})", e.utf8_error().valid_up_to()))
+    super::read_stdin_utf8("stdin")
 }
 
 /// Each stdin line as a JSON object, passed to `f` to add its fields; blank lines are
@@ -116,20 +113,17 @@ pub fn run(args: TokenizeArgs) -> anyhow::Result<()> {
     let text = match args.text {
         Some(t) if t != "-" => t,
         _ => {
-            let mut s = read_stdin_text()?;
+            let s = read_stdin_text()?;
             if args.strip_newline {
+                super::drop_trailing_newline(s)
+            } else {
                 if s.ends_with('\n') {
-                    s.pop();
-                    if s.ends_with('\r') {
-                        s.pop();
-                    }
+                    eprintln!(
+                        "note: the text on stdin ends with a newline, which is tokenized too (--strip-newline drops it)"
+                    );
                 }
-            } else if s.ends_with('\n') {
-                eprintln!(
-                    "note: the text on stdin ends with a newline, which is tokenized too (--strip-newline drops it)"
-                );
+                s
             }
-            s
         }
     };
     super::outln!("{}", serde_json::to_string(&encode(&text))?);

@@ -45,10 +45,7 @@ pub fn lockstep<A: Backend, B: Backend>(
     mut on_step: impl FnMut(&LockstepStep) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<LockstepStep>> {
     ensure!(a.model.config() == b.model.config(), "the two engines must load the same model");
-    let n_positions = a.model.config().n_positions;
-    let n_ctx = params.max_context.map_or(n_positions, |c| c.min(n_positions));
-    ensure!(!prompt_ids.is_empty(), "the prompt is empty");
-    ensure!(prompt_ids.len() <= n_ctx, "the prompt is {} tokens but the context is {n_ctx}", prompt_ids.len());
+    let n_ctx = a.check_prompt(prompt_ids.len(), params.max_context)?;
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
     let capacity = (prompt_ids.len() + budget).saturating_sub(1).max(prompt_ids.len());
     let mut cache_a = a.model.new_cache(&a.backend, capacity)?;

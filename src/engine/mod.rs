@@ -208,6 +208,20 @@ impl<B: Backend> Engine<B> {
         self.backend.read(&out)
     }
 
+    /// The context a run may use: the model's `n_positions`, capped by `max_context`
+    /// (llama.cpp's `-c`). A prompt that is empty or does not fit is an error.
+    pub fn check_prompt(&self, prompt_len: usize, max_context: Option<usize>) -> anyhow::Result<usize> {
+        let n_positions = self.model.config().n_positions;
+        let n_ctx = max_context.map_or(n_positions, |c| c.min(n_positions));
+        ensure!(prompt_len > 0, "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
+        ensure!(n_ctx > 0, "the context size must be at least 1");
+        if prompt_len > n_ctx {
+            let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
+            bail!("the prompt is {prompt_len} tokens but {whose} is {n_ctx}; shorten the prompt");
+        }
+        Ok(n_ctx)
+    }
+
     /// Generate from `prompt_ids`, calling `on_token` with each new id as soon as it is chosen.
     pub fn generate(
         &self,
@@ -215,14 +229,7 @@ impl<B: Backend> Engine<B> {
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
-        let n_positions = self.model.config().n_positions;
-        let n_ctx = params.max_context.map_or(n_positions, |c| c.min(n_positions));
-        ensure!(!prompt_ids.is_empty(), "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
-        ensure!(n_ctx > 0, "the context size must be at least 1");
-        if prompt_ids.len() > n_ctx {
-            let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
-            bail!("the prompt is {} tokens but {whose} is {n_ctx}; shorten the prompt", prompt_ids.len());
-        }
+        let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
         let mut picker = TokenPicker::new(params.sampling.clone())?;
         picker.reserve(n_ctx);
         picker.accept_prompt(prompt_ids);
