@@ -18,6 +18,8 @@ For prompt i the file holds, in float32 whatever --dtype computed them in:
   p{i}.logits      (T, V)    the logits at every position
   p{i}.top_ids     (T, K)    int64: the K most likely next tokens at every position
   p{i}.top_logprobs (T, K)   their log_softmax (torch's, over the full logits)
+  p{i}.greedy_ids  (N,)      int64, with --greedy N: HF's greedy continuation (no EOS stop)
+  p{i}.greedy_margins (N,)   the top-2 logit margin at each of those steps
 
 and the metadata: model, architecture, n_layer, prompts (JSON), dtype, the transformers
 and torch versions, and the date. Needs: pip install torch transformers safetensors.
@@ -65,6 +67,7 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     ap.add_argument("--top", type=int, default=20, help="top-K logprobs stored per position (default 20)")
+    ap.add_argument("--greedy", type=int, default=0, help="also store N greedy tokens after each prompt")
     args = ap.parse_args()
 
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
@@ -123,6 +126,16 @@ def main():
         tensors[f"p{i}.logits"] = logits
         tensors[f"p{i}.top_ids"] = top.indices.to(torch.int64)
         tensors[f"p{i}.top_logprobs"] = top.values
+        if args.greedy:
+            seq, margins = ids.tolist(), []
+            with torch.no_grad():
+                for _ in range(args.greedy):
+                    step = model(torch.tensor([seq]), use_cache=False).logits[0, -1]
+                    top2 = torch.topk(step, 2).values
+                    margins.append(float(top2[0] - top2[1]))
+                    seq.append(int(torch.argmax(step)))
+            tensors[f"p{i}.greedy_ids"] = torch.tensor(seq[len(ids):], dtype=torch.int64)
+            tensors[f"p{i}.greedy_margins"] = torch.tensor(margins, dtype=torch.float32)
     for h in hooks:
         h.remove()
     tensors = {k: (v.to(torch.float32) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}

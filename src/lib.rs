@@ -1,9 +1,11 @@
 //! batch_forge: an LLM inference engine written from scratch, verifiable against
 //! Hugging Face transformers.
 //!
-//! - [`tokenizer`]: byte-level BPE (GPT-2), streaming decode.
-//! - [`loaders`]: safetensors, config.json, model folders, the HF Hub cache.
-//! - [`model`]: GPT-2's forward pass, written once over the backend interface.
+//! - [`tokenizer`]: byte-level BPE (GPT-2, and Llama-family models from GGUF metadata), streaming decode.
+//! - [`chat`]: chat templates (Jinja), rendered as HF transformers renders them.
+//! - [`loaders`]: safetensors, GGUF, config.json, model folders, the HF Hub cache.
+//! - [`model`]: GPT-2 and Llama, each written once over the backend interface, and the
+//!   interface the engine drives them through.
 //! - [`backend`]: the backend interface and its implementations: the reference
 //!   (plain Rust), the fast CPU backend (SIMD, threads) and the GPU backend (WGSL).
 //! - [`engine`]: KV caches, prefill/decode loop, sampling, lockstep comparison.
@@ -12,6 +14,7 @@
 //! - [`verify`]: a model, stage by stage, against a Hugging Face reference dump.
 
 pub mod backend;
+pub mod chat;
 pub mod compare;
 pub mod engine;
 pub mod loaders;

@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let argv = cli::expand_aliases(std::env::args_os().skip(1).collect());
     if let Some(msg) = cli::unsupported_flag(&argv) {
         eprintln!("error: {msg}");
         return ExitCode::FAILURE;
     }
-    let args = cli::Cli::parse();
+    let args = cli::Cli::parse_from(std::iter::once("forge".into()).chain(argv));
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -18,7 +18,7 @@ use anyhow::{Context, bail, ensure};
 use crate::backend::{Backend, HostMatrix, SeqSlice};
 use crate::compare::error_stats;
 use crate::loaders::safetensors::SafetensorsFile;
-use crate::model::{Batch, Gpt2, LogitRows, Stage};
+use crate::model::{Batch, CausalLm, LogitRows, Stage};
 
 /// Normalised-error tolerances (max |ours − HF| / max |HF| per position), by the rounding
 /// a run adds to HF's numbers: 2.5–7× the largest error measured on the three fixture
@@ -218,20 +218,21 @@ fn margin(row: &[f32]) -> f32 {
 
 /// Run every prompt of `reference` through `model` and compare each stage with HF's.
 /// `tolerance` is the normalised error allowed at every stage. `encode` is the
-/// tokenizer (its ids are compared with HF's; the model always runs on HF's).
+/// tokenizer with the model's conventions ([`crate::engine::Engine::prompt_ids`]: BOS, the
+/// empty prompt); its ids are compared with HF's, and the model always runs on HF's.
 pub fn verify<B: Backend>(
     backend: &B,
-    model: &Gpt2<B>,
+    model: &dyn CausalLm<B>,
     reference: &Reference,
     tolerance: f64,
     encode: impl Fn(&str) -> Vec<u32>,
 ) -> anyhow::Result<Verification> {
-    let cfg = model.config();
-    if reference.n_layer != cfg.n_layer {
+    let info = model.info();
+    if reference.n_layer != info.n_layer {
         bail!(
             "the reference has {} blocks but the model has {}: it was made from a different model",
             reference.n_layer,
-            cfg.n_layer
+            info.n_layer
         );
     }
     ensure!(!reference.prompts.is_empty(), "the reference holds no prompts");
@@ -240,17 +241,17 @@ pub fn verify<B: Backend>(
     // ours[p][s]: our tensor for prompt p, stage s.
     let mut ours: Vec<Vec<HostMatrix>> = Vec::new();
     for (i, p) in reference.prompts.iter().enumerate() {
-        let mine = if p.text.is_empty() { vec![cfg.bos_token_id] } else { encode(&p.text) };
+        let mine = encode(&p.text);
         if mine == p.ids {
             tokens_equal += 1;
         } else if token_mismatch.is_none() {
             token_mismatch = Some((i, mine));
         }
         ensure!(
-            p.ids.len() <= cfg.n_positions,
+            p.ids.len() <= info.context_length,
             "prompt {i} has {} tokens, more than the model's context of {}",
             p.ids.len(),
-            cfg.n_positions
+            info.context_length
         );
         let mut cache = model.new_cache(backend, p.ids.len())?;
         let seqs = [SeqSlice { rows: 0..p.ids.len(), start_pos: 0 }];

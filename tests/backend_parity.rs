@@ -25,7 +25,7 @@ use common::{round_to, tensor, view};
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice};
+use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, MatrixLayout, Rope, RopeStyle, SeqSlice, rope_row};
 use batch_forge::compare::error_stats;
 use batch_forge::engine::sampler::Rng;
 
@@ -222,11 +222,114 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
                 }
             }
             for layer in 0..2 {
-                let scale_attn = 1.0 / (hd as f32).sqrt();
-                let got =
-                    b.attention(&b.upload(&qkv), seqs, &mut [&mut kb1, &mut kb2], layer, n_head, scale_attn).unwrap();
-                let want = r.attention(&want_in, seqs, &mut [&mut kr1, &mut kr2], layer, n_head, scale_attn).unwrap();
+                let spec = AttentionSpec::multi_head(c, n_head, 1.0 / (hd as f32).sqrt());
+                let got = b.attention(&b.upload(&qkv), seqs, &mut [&mut kb1, &mut kb2], layer, &spec).unwrap();
+                let want = r.attention(&want_in, seqs, &mut [&mut kr1, &mut kr2], layer, &spec).unwrap();
                 note("attention", compare(&format!("attention heads {n_head}x{hd} T={t}"), &read(&got), &want));
+            }
+        }
+    }
+
+    // The Llama ops, where the backend has them (the gpu backend does not yet).
+    let probe = AttentionSpec {
+        n_head: 2,
+        n_kv_head: 1,
+        head_dim: 2,
+        scale: 1.0,
+        rope: Some(Rope { theta: 1e4, style: RopeStyle::Halves }),
+    };
+    if let Err(e) = b.supports(&probe) {
+        eprintln!("SKIP the Llama ops (RMSNorm, SwiGLU, RoPE, grouped-query attention) on {}: {e}", b.name());
+        return worst;
+    }
+
+    // RMSNorm, and the fused residual add + RMSNorm.
+    for (t, c, scale) in [(1, 1, 1.0), (3, 17, 1e-3), (5, 63, 1e3), (1, 576, 1.0), (512, 65, 10.0), (2, 1600, 1e2)] {
+        let x = host(t, c, normal(&mut rng, t * c, scale));
+        let y = host(t, c, normal(&mut rng, t * c, scale));
+        let g = tensor(&[c], &normal(&mut rng, c, 1.0));
+        let (gb, gr) = (b.load_vector(&view(&g)).unwrap(), r.load_vector(&view(&g)).unwrap());
+        let what = format!("rms_norm T={t} C={c} scale {scale}");
+        note("rms_norm", compare(&what, &read(&b.rms_norm(&b.upload(&x), &gb, 1e-5)), &r.rms_norm(&x, &gr, 1e-5)));
+        let mut xb = b.upload(&x);
+        let got = b.add_rms_norm(&mut xb, &b.upload(&y), &gb, 1e-6);
+        let mut xr = x.clone();
+        r.add(&mut xr, &y);
+        note("add_rms_norm", compare(&what, &read(&got), &r.rms_norm(&xr, &gr, 1e-6)));
+    }
+
+    // SwiGLU, including gates of ±1e3 (an exp overflow turns silu into NaN).
+    for (t, f, scale) in [(1, 1, 1.0), (3, 17, 1e3), (5, 1536, 1e2), (512, 65, 3.0), (2, 4099, 10.0)] {
+        let x = host(t, 2 * f, normal(&mut rng, t * 2 * f, scale));
+        note(
+            "swiglu",
+            compare(&format!("swiglu T={t} F={f} scale {scale}"), &read(&b.swiglu(&b.upload(&x))), &r.swiglu(&x)),
+        );
+    }
+
+    // Grouped-query attention with RoPE (both pair layouts, several bases), prefill,
+    // decode and chunked prefill over two sequences; then positions near 8192.
+    let specs = [
+        (4, 2, 16, 1e4, RopeStyle::Adjacent),
+        (9, 3, 64, 1e5, RopeStyle::Halves),
+        (3, 1, 18, 5e5, RopeStyle::Halves),
+        (6, 6, 32, 1e4, RopeStyle::Adjacent),
+    ];
+    for (n_head, n_kv_head, head_dim, theta, style) in specs {
+        let spec = AttentionSpec {
+            n_head,
+            n_kv_head,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            rope: Some(Rope { theta, style }),
+        };
+        let (w, kw) = (spec.qkv_width(), spec.kv_width());
+        for (cap, steps) in [
+            (
+                40,
+                vec![
+                    (vec![SeqSlice { rows: 0..17, start_pos: 0 }, SeqSlice { rows: 17..20, start_pos: 0 }], 20),
+                    (vec![SeqSlice { rows: 0..1, start_pos: 17 }, SeqSlice { rows: 1..2, start_pos: 3 }], 2),
+                    (vec![SeqSlice { rows: 0..20, start_pos: 18 }, SeqSlice { rows: 20..21, start_pos: 4 }], 21),
+                ],
+            ),
+            (
+                8200,
+                vec![(vec![SeqSlice { rows: 0..18, start_pos: 8000 }, SeqSlice { rows: 18..19, start_pos: 8190 }], 19)],
+            ),
+        ] {
+            let (mut kb1, mut kb2) = (b.new_kv_cache(1, cap, kw).unwrap(), b.new_kv_cache(1, cap, kw).unwrap());
+            let (mut kr1, mut kr2) = (r.new_kv_cache(1, cap, kw).unwrap(), r.new_kv_cache(1, cap, kw).unwrap());
+            for (seqs, t) in steps {
+                let qkv = host(t, w, normal(&mut rng, t * w, 1.0));
+                let got = b.attention(&b.upload(&qkv), &seqs, &mut [&mut kb1, &mut kb2], 0, &spec).unwrap();
+                let want = if kv_f16 {
+                    // The reference sees the rotated keys and values the f16 cache holds.
+                    let mut rotated = qkv.clone();
+                    for s in &seqs {
+                        for (i, row) in s.rows.clone().enumerate() {
+                            rope_row(
+                                &spec,
+                                spec.rope.as_ref().unwrap(),
+                                &mut rotated.data[row * w..(row + 1) * w],
+                                s.start_pos + i,
+                            );
+                        }
+                    }
+                    for row in rotated.data.chunks_mut(w) {
+                        let kv = round_to(WeightDtype::F16, &row[spec.q_width()..]);
+                        row[spec.q_width()..].copy_from_slice(&kv);
+                    }
+                    let plain = AttentionSpec { rope: None, ..spec };
+                    r.attention(&rotated, &seqs, &mut [&mut kr1, &mut kr2], 0, &plain).unwrap()
+                } else {
+                    r.attention(&qkv, &seqs, &mut [&mut kr1, &mut kr2], 0, &spec).unwrap()
+                };
+                let what = format!(
+                    "gqa+rope {n_head}/{n_kv_head}x{head_dim} base {theta} {style:?} T={t} pos {}",
+                    seqs[0].start_pos
+                );
+                note("attention_rope_gqa", compare(&what, &read(&got), &want));
             }
         }
     }

@@ -9,7 +9,9 @@ mod common;
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::gpu::{GpuBackend, GpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, NON_FINITE_ROW, SeqSlice};
+use batch_forge::backend::{
+    AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, NON_FINITE_ROW, SeqSlice,
+};
 use batch_forge::compare::max_abs_diff;
 use batch_forge::engine::sampler::{Rng, argmax};
 use common::{tensor, view};
@@ -134,7 +136,16 @@ fn errors_come_back_as_errors() {
     let x = b.upload(&HostMatrix::zeros(2, 6));
     let mut cache = b.new_kv_cache(1, 4, 2).unwrap();
     // Positions 3..5 do not fit a cache of 4: refused before anything is recorded.
-    let err = b.attention(&x, &[SeqSlice { rows: 0..2, start_pos: 3 }], &mut [&mut cache], 0, 1, 1.0).err().unwrap();
+    let err = b
+        .attention(
+            &x,
+            &[SeqSlice { rows: 0..2, start_pos: 3 }],
+            &mut [&mut cache],
+            0,
+            &AttentionSpec::multi_head(2, 1, 1.0),
+        )
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("KV cache"), "{err}");
     // A kernel-level misuse (shapes that differ) comes back at the next read.
     let mut y = b.upload(&HostMatrix::zeros(1, 3));

@@ -8,7 +8,7 @@ use std::path::Path;
 use batch_forge::backend::cpu::simd::isas_or_skip;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, HostMatrix, SeqSlice};
+use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, SeqSlice};
 use batch_forge::engine::Engine;
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::{Batch, Gpt2, LogitRows};
@@ -19,7 +19,7 @@ use common::*;
 /// not fit, and expects an error naming the problem each time.
 fn forward_misuse_is_an_error<B: Backend>(e: &Engine<B>) {
     let (b, m) = (&e.backend, &e.model);
-    let cfg = m.config().clone();
+    let cfg = Gpt2Config::from_file(&fixture("tiny-gpt2").join("config.json")).unwrap();
     let tokens = [1u32, 2, 3, 4, 5];
     let run = |tokens: &[u32], seqs: &[SeqSlice], cache: &mut B::KvCache| {
         let batch = Batch { tokens, seqs };
@@ -64,7 +64,7 @@ fn forward_misuse_is_an_error<B: Backend>(e: &Engine<B>) {
     let c = cfg.n_embd;
     let qkv = b.upload(&HostMatrix::zeros(2, 3 * c));
     let mut cache = b.new_kv_cache(1, 4, c).unwrap();
-    for (seqs, layer, n_head, want) in [
+    let cases: [(Vec<SeqSlice>, usize, usize, &str); 7] = [
         (vec![SeqSlice { rows: 0..2, start_pos: 3 }], 0, cfg.n_head, "do not fit the KV cache"),
         (vec![SeqSlice { rows: 0..2, start_pos: usize::MAX }], 0, cfg.n_head, "do not fit the KV cache"),
         (vec![SeqSlice { rows: 0..2, start_pos: 0 }], 1, cfg.n_head, "layer 1"),
@@ -72,13 +72,16 @@ fn forward_misuse_is_an_error<B: Backend>(e: &Engine<B>) {
         (vec![SeqSlice { rows: 0..1, start_pos: 0 }], 0, cfg.n_head, "cover"),
         (vec![SeqSlice { rows: 0..3, start_pos: 0 }], 0, cfg.n_head, "do not continue"),
         (vec![], 0, cfg.n_head, "cover"),
-    ] {
-        let err = b.attention(&qkv, &seqs, &mut [&mut cache][..seqs.len().min(1)], layer, n_head, 1.0).err();
+    ];
+    for (seqs, layer, n_head, want) in cases {
+        let spec = AttentionSpec::multi_head(c, n_head, 1.0);
+        let err = b.attention(&qkv, &seqs, &mut [&mut cache][..seqs.len().min(1)], layer, &spec).err();
         let err = err.unwrap_or_else(|| panic!("{}: attention accepted {seqs:?} layer {layer}", b.name())).to_string();
         assert!(err.contains(want), "{}: {err:?} should mention {want:?}", b.name());
     }
     let mut narrow = b.new_kv_cache(1, 4, c - 1).unwrap();
-    let err = b.attention(&qkv, &[SeqSlice { rows: 0..2, start_pos: 0 }], &mut [&mut narrow], 0, cfg.n_head, 1.0);
+    let spec = AttentionSpec::multi_head(c, cfg.n_head, 1.0);
+    let err = b.attention(&qkv, &[SeqSlice { rows: 0..2, start_pos: 0 }], &mut [&mut narrow], 0, &spec);
     assert!(err.err().unwrap().to_string().contains("width"));
     // And the engine still works afterwards.
     assert_eq!(e.generate(&[1, 2], &greedy(3), |_| Ok(())).unwrap().generated_ids.len(), 3);

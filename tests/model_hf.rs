@@ -52,7 +52,7 @@ fn top10_logits_match_hf_at_every_position() {
         for p in reference(ckpt)["prompts"].as_array().unwrap() {
             let mut seq = ids(&p["prompt_ids"]);
             seq.extend(ids(&p["generated_ids"]));
-            let n_ctx = engine.model.config().n_positions;
+            let n_ctx = engine.model.info().context_length;
             seq.truncate(n_ctx);
             let logits = engine.logits_all(&seq).unwrap();
             for entry in p["top10"].as_array().unwrap() {
@@ -84,7 +84,7 @@ fn kv_cached_decoding_matches_full_recompute() {
         let p = &reference(ckpt)["prompts"][3];
         let mut seq = ids(&p["prompt_ids"]);
         seq.extend(ids(&p["generated_ids"]));
-        seq.truncate(engine.model.config().n_positions);
+        seq.truncate(engine.model.info().context_length);
         let full = engine.logits_all(&seq).unwrap();
         let (b, m) = (&engine.backend, &engine.model);
         let mut cache = m.new_cache(b, seq.len()).unwrap();

@@ -21,7 +21,7 @@ fn reference_of(checkpoint: &str) -> Reference {
 }
 
 fn run_verify<B: Backend>(engine: &Engine<B>, reference: &Reference, tol: f64) -> Verification {
-    verify(&engine.backend, &engine.model, reference, tol, |s| engine.tokenizer.encode(s)).unwrap()
+    verify(&engine.backend, engine.model.as_ref(), reference, tol, |s| engine.prompt_ids(s)).unwrap()
 }
 
 fn forge(args: &[&str]) -> Output {
@@ -153,7 +153,7 @@ fn a_reference_from_another_model_fails() {
     let v = run_verify(&e, &reference_of("tiny-gpt2-f16"), tolerance::F32);
     assert_eq!(v.first_failure().map(|s| s.stage), Some(Stage::Embeddings));
     let err =
-        verify(&e.backend, &e.model, &reference_of("tiny-gpt2-hf-saved"), tolerance::F32, |s| e.tokenizer.encode(s))
+        verify(&e.backend, e.model.as_ref(), &reference_of("tiny-gpt2-hf-saved"), tolerance::F32, |s| e.prompt_ids(s))
             .err()
             .unwrap();
     assert!(format!("{err:#}").contains("3 blocks but the model has 2"), "{err:#}");

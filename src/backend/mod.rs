@@ -2,7 +2,9 @@
 //! per device: [`reference`] (plain Rust, the ground truth), [`cpu`] (SIMD, threads) and
 //! `gpu` (WGSL through wgpu).
 //!
-//! Models are written once over [`Backend`]. A backend owns the form its weights take
+//! Models are written once over [`Backend`]: embeddings, LayerNorm and RMSNorm, linear
+//! layers, GELU and SwiGLU, residual adds, and causal attention (RoPE, grouped-query heads)
+//! over a KV cache. A backend owns the form its weights take
 //! ([`Backend::Matrix`]: f32 here, f16/quantized/GPU-resident elsewhere), its
 //! activations and its KV-cache storage. Batches are flat: the rows of one forward
 //! call may come from several sequences, each at its own position ([`SeqSlice`]), so
@@ -17,6 +19,7 @@ use std::ops::Range;
 
 use anyhow::ensure;
 
+use crate::loaders::gguf::GgmlType;
 use crate::loaders::safetensors::TensorView;
 
 /// How the fast backends store weights in memory.
@@ -51,8 +54,113 @@ pub struct KvShape {
     pub n_layer: usize,
     /// Positions it has room for.
     pub capacity: usize,
-    /// Values per position and layer, for keys and for values each (the model width).
+    /// Values per position and layer, for keys and for values each: `n_kv_head × head_dim`
+    /// (the model width when every query head has its own key/value head).
     pub width: usize,
+}
+
+/// Rotary position embedding (Su et al., 2021): the pairs of each query and key head are
+/// rotated by `pos · base^(-2i/head_dim)`, pair `i = 0 .. head_dim/2`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// `base` above (`rope_theta`, llama.cpp's `rope.freq_base`).
+    pub theta: f32,
+    pub style: RopeStyle,
+}
+
+/// Which values of a head form the rotated pairs. The two are the same model up to a
+/// permutation of the q/k projection rows, and llama.cpp's converter applies exactly that
+/// permutation: HF's Llama weights rotate halves, the GGUF's rotate neighbours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// `(x[2i], x[2i+1])`: the original Llama layout, llama.cpp's `LLAMA_ROPE_TYPE_NORM`.
+    Adjacent,
+    /// `(x[i], x[i + head_dim/2])`: HF's `rotate_half`, llama.cpp's `NEOX`.
+    Halves,
+}
+
+/// The shape of one attention call. The `qkv` input is `(T, (n_head + 2·n_kv_head)·head_dim)`:
+/// all query heads, then the key heads, then the value heads. Query head `h` reads key/value
+/// head `h / (n_head / n_kv_head)` (grouped-query attention; multi-head when the counts are
+/// equal). The output is `(T, n_head·head_dim)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Multiplies `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// Applied to queries and keys (at each row's position) before the keys are cached.
+    pub rope: Option<Rope>,
+}
+
+impl AttentionSpec {
+    /// Multi-head attention without RoPE over `width` = `n_head × head_dim` (GPT-2).
+    pub fn multi_head(width: usize, n_head: usize, scale: f32) -> Self {
+        AttentionSpec { n_head, n_kv_head: n_head, head_dim: width / n_head.max(1), scale, rope: None }
+    }
+    pub fn q_width(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+    pub fn qkv_width(&self) -> usize {
+        self.q_width() + 2 * self.kv_width()
+    }
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.n_head / self.n_kv_head
+    }
+    pub fn validate(&self) -> anyhow::Result<()> {
+        ensure!(self.n_head > 0 && self.n_kv_head > 0 && self.head_dim > 0, "attention: no heads");
+        ensure!(
+            self.n_head.is_multiple_of(self.n_kv_head),
+            "attention: {} query heads do not share {} key/value heads evenly",
+            self.n_head,
+            self.n_kv_head
+        );
+        ensure!(
+            self.rope.is_none() || self.head_dim.is_multiple_of(2),
+            "attention: RoPE needs an even head size, not {}",
+            self.head_dim
+        );
+        ensure!(self.qkv_width() <= 1 << 24, "attention: implausibly wide heads");
+        Ok(())
+    }
+}
+
+/// Rotate the query and key heads of one `qkv` row (layout of [`AttentionSpec`]) for
+/// position `pos`. Angles in f64, then rounded once to f32, so every backend that uses
+/// this agrees exactly and HF's f32 angles differ by far less than the tolerance.
+pub fn rope_row(spec: &AttentionSpec, rope: &Rope, row: &mut [f32], pos: usize) {
+    let hd = spec.head_dim;
+    let half = hd / 2;
+    let mut small = [(0f32, 0f32); 128];
+    let mut large = Vec::new();
+    let cos_sin: &mut [(f32, f32)] = if half <= small.len() {
+        &mut small[..half]
+    } else {
+        large.resize(half, (0.0, 0.0));
+        &mut large
+    };
+    for (i, cs) in cos_sin.iter_mut().enumerate() {
+        let inv_freq = (rope.theta as f64).powf(-((2 * i) as f64) / hd as f64);
+        let angle = pos as f64 * inv_freq;
+        *cs = (angle.cos() as f32, angle.sin() as f32);
+    }
+    let rotated = spec.q_width() + spec.kv_width(); // queries and keys; values stay
+    for head in row[..rotated].chunks_exact_mut(hd) {
+        for (i, &(c, s)) in cos_sin.iter().enumerate() {
+            let (a, b) = match rope.style {
+                RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+                RopeStyle::Halves => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x1 * c + x0 * s;
+        }
+    }
 }
 
 /// What every backend's KV cache knows about itself, so that a batch is checked against
@@ -69,12 +177,19 @@ pub fn check_attention<K: KvCache>(
     seqs: &[SeqSlice],
     caches: &[&mut K],
     layer: usize,
-    n_head: usize,
+    spec: &AttentionSpec,
 ) -> anyhow::Result<()> {
     ensure!(seqs.len() == caches.len(), "attention: {} sequences but {} KV caches", seqs.len(), caches.len());
-    ensure!(qkv_cols.is_multiple_of(3), "attention: qkv width {qkv_cols} is not 3 × the model width");
-    let c = qkv_cols / 3;
-    ensure!(n_head > 0 && c.is_multiple_of(n_head), "attention: width {c} does not split into {n_head} heads");
+    spec.validate()?;
+    ensure!(
+        qkv_cols == spec.qkv_width(),
+        "attention: qkv width {qkv_cols}, but {} query and 2 × {} key/value heads of {} make {}",
+        spec.n_head,
+        spec.n_kv_head,
+        spec.head_dim,
+        spec.qkv_width()
+    );
+    let c = spec.kv_width();
     let mut covered = 0;
     for (s, cache) in seqs.iter().zip(caches) {
         ensure!(
@@ -84,7 +199,7 @@ pub fn check_attention<K: KvCache>(
         );
         covered = s.rows.end;
         let shape = cache.shape();
-        ensure!(shape.width == c, "attention: KV cache width {} but the model width is {c}", shape.width);
+        ensure!(shape.width == c, "attention: KV cache width {} but the key/value heads are {c} wide", shape.width);
         ensure!(layer < shape.n_layer, "attention: layer {layer} but the KV cache has {} layers", shape.n_layer);
         let end = s.start_pos.checked_add(s.rows.len());
         ensure!(
@@ -141,10 +256,32 @@ impl HostMatrix {
     }
 }
 
+/// A quantized `[n_out, n_in]` matrix decoded to f32 (bit-exact to gguf-py) and loaded
+/// with [`Backend::load_matrix`].
+pub fn dequantized_matrix<B: Backend + ?Sized>(
+    backend: &B,
+    name: &str,
+    ty: GgmlType,
+    n_out: usize,
+    n_in: usize,
+    bytes: &[u8],
+) -> anyhow::Result<B::Matrix> {
+    let values = crate::quant::dequantize(ty, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+    ensure!(
+        Some(values.len()) == n_out.checked_mul(n_in),
+        "tensor {name:?}: {} values decoded for a [{n_out}, {n_in}] matrix",
+        values.len()
+    );
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [n_out, n_in];
+    let view = TensorView { name, dtype: crate::loaders::safetensors::Dtype::F32, shape: &shape, bytes: &raw };
+    backend.load_matrix(&view, MatrixLayout::OutIn)
+}
+
 /// What [`Backend::argmax_rows`] gives for a row with a non-finite value.
 pub const NON_FINITE_ROW: u32 = u32::MAX;
 
-pub trait Backend: Sync {
+pub trait Backend: Sync + 'static {
     /// A weight matrix in the backend's own form.
     type Matrix: Send + Sync;
     /// A bias or LayerNorm gain/shift.
@@ -158,6 +295,19 @@ pub trait Backend: Sync {
     fn name(&self) -> String;
 
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<Self::Matrix>;
+    /// A block-quantized GGUF matrix stored `[n_out, n_in]` (rows of `ty` blocks), used
+    /// as [`MatrixLayout::OutIn`]. The default decodes it to f32 exactly
+    /// ([`dequantized_matrix`]); a backend with kernels for `ty` keeps it quantized.
+    fn load_quantized(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+    ) -> anyhow::Result<Self::Matrix> {
+        dequantized_matrix(self, name, ty, n_out, n_in, bytes)
+    }
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
@@ -175,20 +325,28 @@ pub trait Backend: Sync {
     fn gelu(&self, x: &mut Self::Act);
     /// `x += y`.
     fn add(&self, x: &mut Self::Act, y: &Self::Act);
-    /// Causal multi-head attention. `qkv` is (T, 3C) with q | k | v; each sequence's k and
-    /// v rows are first written into its cache at their positions, then every row attends
-    /// over positions `0..=pos` of its own sequence. `caches[i]` belongs to `seqs[i]`.
-    /// Returns (T, C). Arguments that do not fit the caches are an error
-    /// ([`check_attention`]), never a panic.
+    /// Per-row RMSNorm with gain: `x / sqrt(mean(x²) + eps) · gain`.
+    fn rms_norm(&self, x: &Self::Act, gain: &Self::Vector, eps: f32) -> Self::Act;
+    /// SwiGLU: `x` is (T, 2F) holding gate | up; returns `silu(gate) · up`, (T, F).
+    fn swiglu(&self, x: &Self::Act) -> Self::Act;
+    /// Causal attention (layout of `qkv` in [`AttentionSpec`]). RoPE, if any, is applied
+    /// to each row's queries and keys at its position; each sequence's keys and values are
+    /// then written into its cache, and every row attends over positions `0..=pos` of its
+    /// own sequence. `caches[i]` belongs to `seqs[i]`. Returns (T, n_head·head_dim).
+    /// Arguments that do not fit the caches are an error ([`check_attention`]), never a panic.
     fn attention(
         &self,
         qkv: &Self::Act,
         seqs: &[SeqSlice],
         caches: &mut [&mut Self::KvCache],
         layer: usize,
-        n_head: usize,
-        scale: f32,
+        spec: &AttentionSpec,
     ) -> anyhow::Result<Self::Act>;
+    /// Whether this backend runs attention of this shape; models ask at load time, so an
+    /// unsupported model fails before any work.
+    fn supports(&self, spec: &AttentionSpec) -> anyhow::Result<()> {
+        spec.validate()
+    }
     /// The given rows of `x`, in order.
     fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
     /// Copy to host memory, reusing `out`'s allocation.
@@ -216,6 +374,11 @@ pub trait Backend: Sync {
         let mut y = self.linear(x, w, bias);
         self.gelu(&mut y);
         y
+    }
+    /// `x += y; rms_norm(x)`: the residual add and the next block's RMSNorm.
+    fn add_rms_norm(&self, x: &mut Self::Act, y: &Self::Act, gain: &Self::Vector, eps: f32) -> Self::Act {
+        self.add(x, y);
+        self.rms_norm(x, gain, eps)
     }
     /// `x += y; layer_norm(x)`: the residual add and the next block's LayerNorm.
     fn add_layer_norm(

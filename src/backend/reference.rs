@@ -8,7 +8,7 @@
 use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
+use super::{AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention, rope_row};
 use crate::loaders::safetensors::TensorView;
 
 /// Output columns per parallel task in `linear`.
@@ -53,6 +53,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// SiLU (swish): `x · sigmoid(x)`, as `x / (1 + e^-x)`: finite for every finite `x`
+/// (`e^-x` overflowing to infinity gives `-0`).
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
 }
 
 pub fn gelu_tanh(x: f32) -> f32 {
@@ -163,46 +169,74 @@ impl Backend for ReferenceBackend {
         }
     }
 
+    fn rms_norm(&self, x: &HostMatrix, gain: &Vec<f32>, eps: f32) -> HostMatrix {
+        let mut out = x.clone();
+        out.data.par_chunks_mut(x.cols).for_each(|row| {
+            let mean_sq = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / row.len() as f64;
+            let inv_rms = 1.0 / (mean_sq + eps as f64).sqrt();
+            for (v, g) in row.iter_mut().zip(gain) {
+                *v = (*v as f64 * inv_rms) as f32 * g;
+            }
+        });
+        out
+    }
+
+    fn swiglu(&self, x: &HostMatrix) -> HostMatrix {
+        let f = x.cols / 2;
+        let mut out = HostMatrix::zeros(x.rows, f);
+        for (o, row) in out.data.chunks_mut(f.max(1)).zip(x.data.chunks(x.cols.max(1))) {
+            let (gate, up) = row.split_at(f);
+            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                *o = silu(g) * u;
+            }
+        }
+        out
+    }
+
     fn attention(
         &self,
         qkv: &HostMatrix,
         seqs: &[SeqSlice],
         caches: &mut [&mut RefKvCache],
         layer: usize,
-        n_head: usize,
-        scale: f32,
+        spec: &AttentionSpec,
     ) -> anyhow::Result<HostMatrix> {
-        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
-        let c = qkv.cols / 3;
-        let hd = c / n_head;
-        // 1. Append each sequence's new keys and values to its cache.
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
+        let (hd, qw, kw) = (spec.head_dim, spec.q_width(), spec.kv_width());
+        // 1. Rotate queries and keys, then append each sequence's new keys and values.
+        let mut qkv = qkv.clone();
         let mut row_info = vec![(0usize, 0usize); qkv.rows]; // (sequence, position) per row
         for (s, (seq, cache)) in seqs.iter().zip(caches.iter_mut()).enumerate() {
             let (k_cache, v_cache) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
                 let pos = seq.start_pos + i;
-                let row = qkv.row(r);
-                k_cache[pos * c..(pos + 1) * c].copy_from_slice(&row[c..2 * c]);
-                v_cache[pos * c..(pos + 1) * c].copy_from_slice(&row[2 * c..]);
+                let row = &mut qkv.data[r * qkv.cols..(r + 1) * qkv.cols];
+                if let Some(rope) = &spec.rope {
+                    rope_row(spec, rope, row, pos);
+                }
+                k_cache[pos * kw..(pos + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
+                v_cache[pos * kw..(pos + 1) * kw].copy_from_slice(&row[qw + kw..]);
                 row_info[r] = (s, pos);
             }
         }
-        // 2. Each row attends over positions 0..=pos of its sequence, head by head.
+        // 2. Each row attends over positions 0..=pos of its sequence, head by head; query
+        //    head h reads key/value head h / group.
         let caches: Vec<&RefKvCache> = caches.iter().map(|c| &**c).collect();
-        let mut out = HostMatrix::zeros(qkv.rows, c);
-        out.data.par_chunks_mut(c).enumerate().for_each(|(r, out_row)| {
+        let mut out = HostMatrix::zeros(qkv.rows, qw);
+        out.data.par_chunks_mut(qw).enumerate().for_each(|(r, out_row)| {
             let (s, pos) = row_info[r];
             let (k_cache, v_cache) = &caches[s].layers[layer];
             let mut scores = vec![0.0f32; pos + 1];
-            for h in 0..n_head {
+            for h in 0..spec.n_head {
+                let kv = (h / spec.group()) * hd;
                 let q = &qkv.row(r)[h * hd..(h + 1) * hd];
                 for (j, score) in scores.iter_mut().enumerate() {
-                    *score = dot(q, &k_cache[j * c + h * hd..j * c + (h + 1) * hd]) * scale;
+                    *score = dot(q, &k_cache[j * kw + kv..j * kw + kv + hd]) * spec.scale;
                 }
                 softmax_in_place(&mut scores);
                 let o = &mut out_row[h * hd..(h + 1) * hd];
                 for (j, &p) in scores.iter().enumerate() {
-                    for (ov, &vv) in o.iter_mut().zip(&v_cache[j * c + h * hd..j * c + (h + 1) * hd]) {
+                    for (ov, &vv) in o.iter_mut().zip(&v_cache[j * kw + kv..j * kw + kv + hd]) {
                         *ov += p * vv;
                     }
                 }
@@ -226,16 +260,17 @@ impl Backend for ReferenceBackend {
     }
 }
 
-/// Numerically stable softmax.
+/// Numerically stable softmax; the normaliser is summed in f64, so long rows (thousands
+/// of positions) carry no summation error worth the name.
 pub fn softmax_in_place(v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    let mut sum = 0.0f64;
     for x in v.iter_mut() {
         *x = (*x - max).exp();
-        sum += *x;
+        sum += *x as f64;
     }
     for x in v.iter_mut() {
-        *x /= sum;
+        *x = (*x as f64 / sum) as f32;
     }
 }
 

@@ -17,7 +17,7 @@ use batch_forge::engine::sampler::Rng;
 use batch_forge::engine::{SamplingParams, TokenPicker};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::random::random_checkpoint;
-use batch_forge::model::{Batch, Gpt2, LogitRows};
+use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows, load_model};
 
 use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
 use batch_forge::loaders::safetensors::Dtype;
@@ -108,20 +108,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.backend.backend == BackendChoice::Gpu && !args.threads.is_empty() {
         eprintln!("warning: -t does not apply to --backend gpu (one row per test, threads shown as -)");
     }
-    let (label, config, store) = match (&args.random, &args.model) {
+    let (label, source, stored) = match (&args.random, &args.model) {
         (Some(name), _) => {
             let config = super::random_model::preset(name)?;
             let store = WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
-            (format!("{name} (random)"), config, store)
+            let stored = super::stored_dtype(&store);
+            (format!("{name} (random)"), Source::Random(config, store), stored)
         }
         (None, model) => {
             let model = model.as_deref().unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
-            let dir = super::model_dir(model, true, "bench")?;
-            let config = Gpt2Config::from_file(&dir.join("config.json"))?;
-            (display_name(model), config, WeightStore::open_dir(&dir)?)
+            let path = super::model_dir(model, true, "bench")?;
+            let stored = super::stored_dtype_at(&path)?;
+            (display_name(model), Source::Path(path), stored)
         }
     };
-    let stored = match super::stored_dtype(&store) {
+    let stored = match stored {
         Dtype::F16 => "f16",
         Dtype::BF16 => "bf16",
         _ => "f32",
@@ -137,13 +138,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.backend.kv_dtype == "f16" {
         dtype.push_str(" (kv f16)");
     }
-    let n_ctx = config.n_positions;
-    for (kind, n) in tests(&args) {
-        anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx} tokens");
-    }
-    let info =
-        Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: config.n_params() * bytes_per_param };
-    with_backend!(args.backend, |b| bench_on(b, &args, &info, config, &store))
+    let info = Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: bytes_per_param };
+    with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
+}
+
+/// The model to measure: random GPT-2 weights in memory, or a folder or GGUF file.
+enum Source {
+    Random(Gpt2Config, WeightStore),
+    Path(std::path::PathBuf),
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -291,21 +293,25 @@ impl Printer {
     }
 }
 
-fn bench_on<B: Backend>(
-    backend: B,
-    args: &BenchArgs,
-    info: &Info,
-    config: Gpt2Config,
-    store: &WeightStore,
-) -> anyhow::Result<()> {
-    let n_params = config.n_params();
-    let model = Gpt2::load(&backend, config, store)?;
+fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &Source) -> anyhow::Result<()> {
+    let model: Box<dyn CausalLm<B>> = match source {
+        Source::Random(config, store) => Box::new(Gpt2::load(&backend, config.clone(), store)?),
+        Source::Path(path) => load_model(&backend, path)?.model,
+    };
+    let n_params = model.info().n_params;
+    info.size_bytes *= n_params; // bytes per parameter until here
+    let info = &info;
+    // Every test checked before any output.
+    let n_ctx = model.info().context_length;
+    for (kind, n) in tests(args) {
+        anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx} tokens");
+    }
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
     let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
     let mut printer = Printer::begin(args.output)?;
     let mut rng = Rng::new(1);
-    let vocab = model.config().vocab_size as u64;
+    let vocab = model.info().vocab_size as u64;
     for &t in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
         for (kind, n) in tests(args) {

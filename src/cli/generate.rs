@@ -11,6 +11,7 @@ use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::Backend;
+use batch_forge::chat::Message;
 use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
 use batch_forge::tokenizer::StreamDecoder;
@@ -19,7 +20,7 @@ use super::{BackendArgs, BackendChoice, with_backend};
 
 /// `-s/--seed`: a number, or -1 for a random one (printed so the run can be repeated).
 #[derive(Clone, Copy, Debug)]
-pub struct Seed(Option<u64>);
+pub struct Seed(pub Option<u64>);
 
 fn parse_seed(s: &str) -> Result<Seed, String> {
     if s == "-1" {
@@ -30,25 +31,9 @@ fn parse_seed(s: &str) -> Result<Seed, String> {
         .map_err(|_| format!("{s:?} is not a seed: use 0 to 2^64-1, or -1 for a random one"))
 }
 
+/// Sampling flags, shared by `generate` and `chat` (llama.cpp's names and defaults).
 #[derive(Args)]
-pub struct GenerateArgs {
-    /// The prompt (same as -p; `-` reads stdin). Without any: read from stdin when it is
-    /// not a terminal, else start from the model's BOS token (<|endoftext|> for GPT-2).
-    #[arg(value_name = "PROMPT", conflicts_with_all = ["prompt", "file"])]
-    prompt_pos: Option<String>,
-    /// The prompt (escapes such as `\n` are processed unless --no-escape).
-    #[arg(short = 'p', long, conflicts_with = "file", allow_hyphen_values = true)]
-    prompt: Option<String>,
-    /// Read the prompt from a file (`-` = stdin); one trailing newline is dropped, as llama.cpp does.
-    #[arg(short = 'f', long, value_name = "FILE")]
-    file: Option<PathBuf>,
-    /// Model folder (config.json, model.safetensors, tokenizer.json) or Hub repo id.
-    #[arg(long, short, default_value = DEFAULT_MODEL)]
-    model: String,
-    /// Tokens to generate; -1 = until end of text or the context is full.
-    #[arg(short = 'n', long = "n-predict", visible_alias = "max-new-tokens", value_name = "N", default_value_t = 100,
-          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
-    n_predict: i64,
+pub struct SamplingArgs {
     /// Always take the most likely token (same as --temp 0).
     #[arg(long, conflicts_with_all = ["temperature", "top_k", "top_p", "min_p"])]
     greedy: bool,
@@ -80,6 +65,50 @@ pub struct GenerateArgs {
     /// RNG seed for sampling; -1 (the default) picks one and prints it on stderr.
     #[arg(short = 's', long, value_name = "SEED", allow_negative_numbers = true, value_parser = parse_seed)]
     seed: Option<Seed>,
+}
+
+impl SamplingArgs {
+    /// The sampling parameters; the seed is drawn here when it was not given.
+    pub fn params(&self, n_ctx: usize) -> anyhow::Result<SamplingParams> {
+        let seed = match self.seed {
+            Some(Seed(Some(s))) => s,
+            _ => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+        };
+        let sampling = SamplingParams {
+            temperature: if self.greedy { 0.0 } else { self.temperature },
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: if self.repeat_last_n < 0 { n_ctx } else { self.repeat_last_n as usize },
+            seed,
+        };
+        sampling.validate().map_err(anyhow::Error::msg)?;
+        Ok(sampling)
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The prompt (same as -p; `-` reads stdin). Without any: read from stdin when it is
+    /// not a terminal, else start from the model's BOS token (<|endoftext|> for GPT-2).
+    #[arg(value_name = "PROMPT", conflicts_with_all = ["prompt", "file"])]
+    prompt_pos: Option<String>,
+    /// The prompt (escapes such as `\n` are processed unless --no-escape).
+    #[arg(short = 'p', long, conflicts_with = "file", allow_hyphen_values = true)]
+    prompt: Option<String>,
+    /// Read the prompt from a file (`-` = stdin); one trailing newline is dropped, as llama.cpp does.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Model folder (config.json, model.safetensors, tokenizer.json), .gguf file, or Hub repo id.
+    #[arg(long, short, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Tokens to generate; -1 = until end of text or the context is full.
+    #[arg(short = 'n', long = "n-predict", visible_alias = "max-new-tokens", value_name = "N", default_value_t = 100,
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    n_predict: i64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Use at most N positions of the model's context (prompt + generated); 0 = all of it.
     #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
     ctx_size: usize,
@@ -102,6 +131,13 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-text token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Treat the prompt as a user message: wrap it in the model's chat template (its
+    /// `tokenizer.chat_template`) and generate the assistant's reply.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: a system message before the user's (llama.cpp's -sys).
+    #[arg(long = "system-prompt", value_name = "TEXT", requires = "chat")]
+    system_prompt: Option<String>,
     /// Take escapes in a command-line prompt literally (by default `\n`, `\t`, `\r`,
     /// `\\`, `\"`, `\'` and `\xHH` are turned into characters, as llama.cpp does).
     #[arg(long)]
@@ -179,23 +215,8 @@ impl GenerateArgs {
         Ok(())
     }
 
-    /// The sampling parameters; the seed is drawn here when it was not given.
     fn sampling(&self, n_ctx: usize) -> anyhow::Result<SamplingParams> {
-        let seed = match self.seed {
-            Some(Seed(Some(s))) => s,
-            _ => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
-        };
-        let sampling = SamplingParams {
-            temperature: if self.greedy { 0.0 } else { self.temperature },
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: if self.repeat_last_n < 0 { n_ctx } else { self.repeat_last_n as usize },
-            seed,
-        };
-        sampling.validate().map_err(anyhow::Error::msg)?;
-        Ok(sampling)
+        self.sampling.params(n_ctx)
     }
 
     /// `-c` as a cap on the model's context (`None`: all of it); beyond the model's own
@@ -264,12 +285,26 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     super::in_pool(args.threads, || with_backend!(args.backend, |b| run_on(b, &args, &prompt, &source)))
 }
 
-/// Tokenize the prompt (an empty one is the model's BOS token, GPT-2's convention) and
-/// say on stderr how many tokens came from a file or stdin.
-fn prompt_ids<B: Backend>(engine: &Engine<B>, prompt: &str, source: &PromptSource) -> Vec<u32> {
-    let ids =
-        if prompt.is_empty() { vec![engine.model.config().bos_token_id] } else { engine.tokenizer.encode(prompt) };
-    let n = if prompt.is_empty() { 0 } else { ids.len() };
+/// Tokenize the prompt ([`Engine::prompt_ids`]: an empty one is the model's BOS token;
+/// with --chat, the conversation through the model's chat template) and say on stderr
+/// how many tokens came from a file or stdin.
+fn prompt_ids<B: Backend>(
+    engine: &Engine<B>,
+    args: &GenerateArgs,
+    prompt: &str,
+    source: &PromptSource,
+) -> anyhow::Result<Vec<u32>> {
+    let ids = if args.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system_prompt {
+            messages.push(Message::new("system", system));
+        }
+        messages.push(Message::new("user", prompt));
+        engine.chat_prompt_ids(&messages)?
+    } else {
+        engine.prompt_ids(prompt)
+    };
+    let n = if prompt.is_empty() && !args.chat { 0 } else { ids.len() };
     let from = match source {
         PromptSource::File(f) => Some(format!("{}", f.display())),
         PromptSource::Stdin => Some("stdin".to_owned()),
@@ -279,7 +314,7 @@ fn prompt_ids<B: Backend>(engine: &Engine<B>, prompt: &str, source: &PromptSourc
         let start = if n == 0 { "; starting from the BOS token" } else { "" };
         eprintln!("read {n} prompt tokens from {from}{start}");
     }
-    ids
+    Ok(ids)
 }
 
 /// A sampled run says its seed, so a good sample can be reproduced.
@@ -305,8 +340,8 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     let device = gpu_backend.description();
     let gpu = Engine::load_dir(gpu_backend, &dir)?;
     let tok = &cpu.tokenizer;
-    let max_context = args.max_context(cpu.model.config().n_positions)?;
-    let prompt_ids = prompt_ids(&cpu, prompt, source);
+    let max_context = args.max_context(cpu.model.info().context_length)?;
+    let prompt_ids = prompt_ids(&cpu, args, prompt, source)?;
     let n_ctx = cpu.check_prompt(prompt_ids.len(), max_context)?;
     let sampling = args.sampling(n_ctx)?;
     announce_seed(&sampling);
@@ -412,14 +447,13 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     let engine = Engine::load_dir(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
-    let n_positions = engine.model.config().n_positions;
+    let n_positions = engine.model.info().context_length;
     let max_context = args.max_context(n_positions)?;
-    let prompt_ids = prompt_ids(&engine, prompt, source);
+    let prompt_ids = prompt_ids(&engine, args, prompt, source)?;
     // Before the seed is announced: a run that cannot start says only why.
     let n_ctx = engine.check_prompt(prompt_ids.len(), max_context)?;
     let sampling = args.sampling(n_ctx)?;
     announce_seed(&sampling);
-    let eos = engine.model.config().eos_token_id;
     let params = args.params(sampling.clone());
 
     let stdout = std::io::stdout();
@@ -427,7 +461,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     let mut stream = StreamDecoder::new();
     let mut text = String::new();
     let result = engine.generate(&prompt_ids, &params, |id| {
-        if id == eos && !args.ignore_eos {
+        if engine.is_eos(id) && !args.ignore_eos {
             return Ok(());
         }
         let start = text.len();

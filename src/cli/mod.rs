@@ -1,6 +1,7 @@
 //! Command-line interface: argument definitions and dispatch to the subcommands.
 
 mod bench;
+mod chat;
 mod devices;
 mod generate;
 mod inspect;
@@ -17,7 +18,11 @@ use batch_forge::backend::cpu::CpuOptions;
 use batch_forge::loaders::{self, hub::HubClient};
 
 #[derive(Parser)]
-#[command(name = "forge", version, about = "batch_forge: GPT-2 inference, verified against Hugging Face transformers")]
+#[command(
+    name = "forge",
+    version,
+    about = "batch_forge: GPT-2 and Llama-family inference (safetensors, GGUF), verified against Hugging Face transformers"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,6 +32,8 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(generate::GenerateArgs),
+    /// Talk with a model through its chat template (interactive; keeps the KV cache between turns).
+    Chat(chat::ChatArgs),
     /// Print the token ids of a text (or of JSON lines on stdin with --jsonl).
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (or of JSON lines on stdin with --jsonl).
@@ -197,6 +204,7 @@ pub(crate) use with_backend;
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Chat(a) => chat::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
         Command::Bench(a) => bench::run(a),
@@ -223,7 +231,7 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     (&["-ctk", "--cache-type-k", "-ctv", "--cache-type-v"], "use --kv-dtype f32|f16"),
     (
         &["-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first", "-r", "--reverse-prompt"],
-        "generate runs one prompt; there is no interactive mode yet",
+        "generate runs one prompt; `forge chat -m MODEL` is the conversation mode (--chat wraps one prompt)",
     ),
     (
         &[
@@ -243,10 +251,7 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     (&["--lora", "--lora-scaled", "--control-vector"], "adapters are not implemented"),
     (&["-e", "--escape"], "escapes in -p are processed by default (--no-escape turns it off)"),
     (&["-no-cnv", "--no-conversation", "-st", "--single-turn"], "generate runs one prompt and ends; drop the flag"),
-    (
-        &["-sys", "--system-prompt", "-sp", "--special"],
-        "chat templates and system prompts come with Llama-family models",
-    ),
+    (&["-sp", "--special"], "special tokens are printed as text only with forge detokenize"),
     (&["-cb", "--cont-batching", "-np", "--parallel"], "batching belongs to the server, not yet built"),
     (&["-co", "--color"], "output is plain text"),
     (&["-tb", "--threads-batch"], "one thread count (-t) serves prompt and generation"),
@@ -255,14 +260,27 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
 ];
 
 /// Options whose next argument is a value (so `-p -fa` is a prompt, not a flag).
-const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model"];
+const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt"];
 
 /// The "not supported" error for the first llama.cpp-only flag in `args` (the
 /// arguments after the program name), for `generate` and `bench`. `-r` means
 /// repetitions in `bench` (llama-bench's), so it is only refused for `generate`.
+/// llama.cpp's multi-letter single-dash names that forge has under a long name.
+pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt")];
+
+/// The command line with llama.cpp's aliases ([`ALIASES`]) spelled as forge's long names.
+pub fn expand_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    args.into_iter()
+        .map(|a| match ALIASES.iter().find(|(from, _)| a.to_str() == Some(from)) {
+            Some((_, to)) => (*to).into(),
+            None => a,
+        })
+        .collect()
+}
+
 pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
     let command = args.first()?.to_str()?;
-    if !matches!(command, "generate" | "bench") {
+    if !matches!(command, "generate" | "bench" | "chat") {
         return None;
     }
     let mut skip = false;
@@ -330,10 +348,32 @@ pub fn drop_trailing_newline(mut s: String) -> String {
 }
 
 /// How the checkpoint stores its weights: the widest float dtype of its tensors (a
-/// narrower `--dtype` rounds at least those).
+/// narrower `--dtype` rounds at least those). Block-quantized GGUF tensors are decoded to
+/// f32, so they count as f32.
 pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::loaders::safetensors::Dtype {
+    widest_float(store.tensors().map(|t| t.dtype))
+}
+
+/// [`stored_dtype`] of a model folder or a GGUF file.
+pub fn stored_dtype_at(path: &std::path::Path) -> anyhow::Result<batch_forge::loaders::safetensors::Dtype> {
+    use batch_forge::loaders::gguf::{GgmlType, GgufFile};
     use batch_forge::loaders::safetensors::Dtype;
-    let dtypes: Vec<Dtype> = store.tensors().map(|t| t.dtype).collect();
+    if batch_forge::model::load::is_gguf(path) {
+        let file = GgufFile::open(path)?;
+        return Ok(widest_float(file.tensor_infos().iter().map(|t| match t.ggml_type {
+            GgmlType::F16 => Dtype::F16,
+            GgmlType::BF16 => Dtype::BF16,
+            _ => Dtype::F32,
+        })));
+    }
+    Ok(stored_dtype(&batch_forge::loaders::WeightStore::open_dir(path)?))
+}
+
+fn widest_float(
+    dtypes: impl Iterator<Item = batch_forge::loaders::safetensors::Dtype>,
+) -> batch_forge::loaders::safetensors::Dtype {
+    use batch_forge::loaders::safetensors::Dtype;
+    let dtypes: Vec<Dtype> = dtypes.collect();
     [Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16]
         .into_iter()
         .find(|d| dtypes.contains(d))

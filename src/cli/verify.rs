@@ -91,7 +91,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     }
     let reference = Reference::open(&args.reference)?;
     let dir = super::model_dir(&args.model, true, "verify")?;
-    let stored = super::stored_dtype(&batch_forge::loaders::WeightStore::open_dir(&dir)?);
+    let stored = super::stored_dtype_at(&dir)?;
     for r in &mut runs {
         let kv_f16 = r.args.kv_dtype == "f16";
         let weights = r.args.cpu_options()?.weight_dtype;
@@ -157,7 +157,7 @@ fn check_on<B: Backend>(
     tolerance: f64,
 ) -> anyhow::Result<Verification> {
     let engine = Engine::load_dir(backend, dir)?;
-    verify(&engine.backend, &engine.model, reference, tolerance, |s| engine.tokenizer.encode(s))
+    verify(&engine.backend, engine.model.as_ref(), reference, tolerance, |s| engine.prompt_ids(s))
 }
 
 fn short(text: &str) -> String {

@@ -44,7 +44,7 @@ pub fn lockstep<A: Backend, B: Backend>(
     params: &GenerateParams,
     mut on_step: impl FnMut(&LockstepStep) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<LockstepStep>> {
-    ensure!(a.model.config() == b.model.config(), "the two engines must load the same model");
+    ensure!(a.model.info() == b.model.info(), "the two engines must load the same model");
     let n_ctx = a.check_prompt(prompt_ids.len(), params.max_context)?;
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
     let capacity = (prompt_ids.len() + budget).saturating_sub(1).max(prompt_ids.len());
@@ -78,7 +78,7 @@ pub fn lockstep<A: Backend, B: Backend>(
         };
         sampler.accept(&[s.next]);
         on_step(&s)?;
-        let (stop, next) = (!s.agrees() || (s.next == a.model.config().eos_token_id && !params.ignore_eos), s.next);
+        let (stop, next) = (!s.agrees() || (a.is_eos(s.next) && !params.ignore_eos), s.next);
         steps.push(s);
         if stop {
             break;

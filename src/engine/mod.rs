@@ -8,19 +8,51 @@ pub mod sampler;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{bail, ensure};
 
 use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
-use crate::loaders::{Gpt2Config, WeightStore};
-use crate::model::{Batch, Gpt2, LogitRows};
+use crate::chat::{ChatTemplate, Message};
+use crate::model::{Batch, CausalLm, LogitRows};
 use crate::tokenizer::Tokenizer;
 pub use logprobs::TokenLogprobs;
 pub use sampler::{Sampler, SamplingParams};
 
 pub struct Engine<B: Backend> {
     pub backend: B,
-    pub model: Gpt2<B>,
+    /// Any architecture: the engine only uses [`CausalLm`].
+    pub model: Box<dyn CausalLm<B>>,
     pub tokenizer: Tokenizer,
+    /// The model's chat template, if its files carry one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Tokens that end generation ([`crate::model::load::Loaded::end_of_generation`]).
+    pub end_of_generation: Vec<u32>,
+}
+
+/// One conversation's KV cache, kept between calls of [`Engine::generate_in`]: the next
+/// prompt reuses the cached prefix it shares with the tokens already processed, so a
+/// chat turn only prefills what is new.
+pub struct Session<B: Backend> {
+    cache: B::KvCache,
+    /// Positions the cache has room for.
+    capacity: usize,
+    /// The tokens whose keys and values the cache holds, in order.
+    tokens: Vec<u32>,
+}
+
+impl<B: Backend> Session<B> {
+    /// Tokens whose keys and values are cached.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forget the cached tokens (the next prompt is prefilled whole).
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -54,7 +86,7 @@ impl GenerateParams {
 pub enum StopReason {
     /// `max_new_tokens` reached.
     Length,
-    /// The model produced the end-of-text token.
+    /// The model produced an end-of-generation token.
     Eos,
     /// The context (the model's `n_positions`, or the `max_context` cap) is full.
     ContextFull,
@@ -86,6 +118,8 @@ pub struct Generation {
     pub timings: Timings,
     /// One entry per generated token when [`GenerateParams::logprobs`] asked for them.
     pub logprobs: Vec<TokenLogprobs>,
+    /// Prompt tokens whose keys and values a session already held (not prefilled again).
+    pub reused_prompt_tokens: usize,
 }
 
 /// The error for logits that are NaN or infinite: the weights or the arithmetic are
@@ -177,22 +211,60 @@ impl TokenPicker {
 }
 
 impl<B: Backend> Engine<B> {
-    /// Load a model folder: config.json, model.safetensors (or shards), tokenizer files.
+    /// Load a model folder (config.json, model.safetensors or shards, tokenizer files) or
+    /// a GGUF file, of any supported architecture.
+    pub fn load(backend: B, path: &Path) -> anyhow::Result<Self> {
+        let l = crate::model::load_model(&backend, path)?;
+        Ok(Engine {
+            backend,
+            model: l.model,
+            tokenizer: l.tokenizer,
+            chat_template: l.chat_template,
+            end_of_generation: l.end_of_generation,
+        })
+    }
+
+    /// [`Engine::load`] (the name from when only folders were models).
     pub fn load_dir(backend: B, dir: &Path) -> anyhow::Result<Self> {
-        let config_path = dir.join("config.json");
-        ensure!(config_path.is_file(), "{}: no config.json (is this a model folder?)", dir.display());
-        let config = Gpt2Config::from_file(&config_path)?;
-        let store = WeightStore::open_dir(dir)?;
-        let model =
-            Gpt2::load(&backend, config, &store).with_context(|| format!("loading weights from {}", dir.display()))?;
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        ensure!(
-            tokenizer.vocab_size() <= model.config().vocab_size,
-            "tokenizer has {} ids but the model only {}",
-            tokenizer.vocab_size(),
-            model.config().vocab_size
-        );
-        Ok(Engine { backend, model, tokenizer })
+        Self::load(backend, dir)
+    }
+
+    /// The token ids of a prompt as the model expects them: the tokenizer's ids, after the
+    /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
+    /// is the BOS token alone (GPT-2's `<|endoftext|>`).
+    pub fn prompt_ids(&self, text: &str) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.tokenizer.bos_to_add().into_iter().collect();
+        ids.extend(self.tokenizer.encode(text));
+        if ids.is_empty()
+            && let Some(bos) = self.model.info().bos_token_id
+        {
+            ids.push(bos);
+        }
+        ids
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.end_of_generation.contains(&id)
+    }
+
+    /// The token ids of a conversation rendered with the model's chat template, ending
+    /// with the assistant's turn opened (`add_generation_prompt`). The text is encoded as
+    /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
+    /// added (the template writes any BOS itself).
+    pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)")
+        })?;
+        Ok(self.tokenizer.encode(&template.render(messages, true)?))
+    }
+
+    /// A session (KV cache) for up to `capacity` positions, capped by the model's context.
+    pub fn new_session(&self, capacity: usize) -> anyhow::Result<Session<B>> {
+        let capacity = capacity.min(self.model.info().context_length);
+        let mut tokens = Vec::new();
+        tokens.try_reserve_exact(capacity)?;
+        Ok(Session { cache: self.model.new_cache(&self.backend, capacity)?, capacity, tokens })
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
@@ -211,9 +283,9 @@ impl<B: Backend> Engine<B> {
     /// The context a run may use: the model's `n_positions`, capped by `max_context`
     /// (llama.cpp's `-c`). A prompt that is empty or does not fit is an error.
     pub fn check_prompt(&self, prompt_len: usize, max_context: Option<usize>) -> anyhow::Result<usize> {
-        let n_positions = self.model.config().n_positions;
+        let n_positions = self.model.info().context_length;
         let n_ctx = max_context.map_or(n_positions, |c| c.min(n_positions));
-        ensure!(prompt_len > 0, "the prompt is empty (GPT-2 starts an empty prompt from <|endoftext|>)");
+        ensure!(prompt_len > 0, "the prompt is empty (and the model has no BOS token to start from)");
         ensure!(n_ctx > 0, "the context size must be at least 1");
         if prompt_len > n_ctx {
             let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
@@ -227,9 +299,32 @@ impl<B: Backend> Engine<B> {
         &self,
         prompt_ids: &[u32],
         params: &GenerateParams,
-        mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
+        on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
+        // The last chosen token is never fed back: prompt + budget - 1 positions.
+        let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
+        let mut session = self.new_session((prompt_ids.len() + budget).saturating_sub(1).max(1))?;
+        self.generate_in(&mut session, prompt_ids, params, on_token)
+    }
+
+    /// [`Engine::generate`] within a session: the cached prefix that `prompt_ids` shares
+    /// with the session's tokens is reused, the rest is prefilled, and the session then
+    /// holds the prompt and the generated tokens (all but the last). The context is the
+    /// session's capacity + 1 (the last token is never cached), capped as in `generate`.
+    pub fn generate_in(
+        &self,
+        session: &mut Session<B>,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Generation> {
+        let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?.min(session.capacity + 1);
+        ensure!(
+            prompt_ids.len() <= n_ctx,
+            "the prompt is {} tokens but the session holds {n_ctx}; start a new one or raise -c",
+            prompt_ids.len()
+        );
         let mut picker = TokenPicker::new(params.sampling.clone())?;
         picker.reserve(n_ctx);
         picker.accept_prompt(prompt_ids);
@@ -241,6 +336,7 @@ impl<B: Backend> Engine<B> {
             stop: if budget < params.max_new_tokens { StopReason::ContextFull } else { StopReason::Length },
             timings: Timings::default(),
             logprobs: Vec::new(),
+            reused_prompt_tokens: 0,
         };
         if params.logprobs.is_some() {
             picker.keep_logits();
@@ -248,15 +344,27 @@ impl<B: Backend> Engine<B> {
         if budget == 0 {
             return Ok(generation);
         }
-        let eos = self.model.config().eos_token_id;
-        let mut cache = self.model.new_cache(&self.backend, prompt_ids.len() + budget - 1)?;
+        // Reuse the longest cached prefix, but always run at least the prompt's last token
+        // (its logits choose the first new one).
+        let shared = session.tokens.iter().zip(prompt_ids).take_while(|(a, b)| a == b).count();
+        let reuse = shared.min(prompt_ids.len() - 1);
+        session.tokens.truncate(reuse);
+        generation.reused_prompt_tokens = reuse;
         let start = Instant::now();
-        let mut step_tokens = prompt_ids.to_vec();
-        let mut pos = 0;
+        let mut step_tokens = prompt_ids[reuse..].to_vec();
+        let mut pos = reuse;
         loop {
             let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
             let batch = Batch { tokens: &step_tokens, seqs: &seqs };
-            let out = self.model.forward(&self.backend, &batch, &mut [&mut cache], LogitRows::LastOfEachSeq)?;
+            let out = self.model.forward(&self.backend, &batch, &mut [&mut session.cache], LogitRows::LastOfEachSeq);
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => {
+                    session.tokens.clear(); // the cache may hold part of this step
+                    return Err(e);
+                }
+            };
+            session.tokens.extend_from_slice(&step_tokens);
             let step = generation.generated_ids.len();
             let next = picker.pick(&self.backend, &out, step, pos + step_tokens.len() - 1)?;
             if generation.generated_ids.is_empty() {
@@ -268,7 +376,7 @@ impl<B: Backend> Engine<B> {
             }
             generation.generated_ids.push(next);
             on_token(next)?;
-            if next == eos && !params.ignore_eos {
+            if self.is_eos(next) && !params.ignore_eos {
                 generation.stop = StopReason::Eos;
                 break;
             }

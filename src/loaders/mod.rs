@@ -1,9 +1,11 @@
 //! Everything that turns files into memory: safetensors, GGUF, config.json, model folders,
 //! and the Hugging Face Hub cache/download.
 
+pub mod checkpoint;
 pub mod config;
 pub mod gguf;
 pub mod hub;
+pub mod llama_config;
 pub mod safetensors;
 pub mod weights;
 
@@ -11,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
+pub use checkpoint::Weights;
 pub use config::Gpt2Config;
+pub use llama_config::LlamaConfig;
 pub use weights::WeightStore;
 
 /// The bytes of a model file: memory-mapped from disk, or built in memory (random
@@ -35,8 +39,9 @@ impl std::ops::Deref for Backing {
 /// The default model: GPT-2 124M on the Hub.
 pub const DEFAULT_MODEL: &str = "openai-community/gpt2";
 
-/// Resolve `--model`: an existing folder is used as is; otherwise a Hub repo id is
-/// fetched into (or found in) the HF cache. Returns the folder holding the model files.
+/// Resolve `--model`: an existing folder or `.gguf` file is used as is; otherwise a Hub
+/// repo id is fetched into (or found in) the HF cache. Returns the folder holding the
+/// model files, or the GGUF file.
 /// With `weights` false only config and tokenizer files are fetched. `command` is the
 /// `forge` subcommand, named in the hint for getting a missing model.
 pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
@@ -44,15 +49,11 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: 
     if as_path.is_dir() {
         return Ok(as_path.to_owned());
     }
-    const EXPECTED: &str = "--model takes a model folder (config.json, model.safetensors, tokenizer.json) \
-                            or a Hub repo id like openai-community/gpt2";
+    const EXPECTED: &str = "--model takes a model folder (config.json, model.safetensors, tokenizer.json), \
+                            a .gguf file, or a Hub repo id like openai-community/gpt2";
     if as_path.is_file() {
-        let is_gguf = as_path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-        if is_gguf {
-            bail!(
-                "{model:?} is a GGUF file; running GGUF models is not supported yet (`forge inspect {model}` \
-                 reads it, `forge tokenize -m {model}` uses its tokenizer); {EXPECTED}"
-            );
+        if crate::model::load::is_gguf(as_path) {
+            return Ok(as_path.to_owned());
         }
         let folder = as_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         bail!("{model:?} is a file, not a model folder; {EXPECTED} (did you mean --model {}?)", folder.display());

@@ -15,12 +15,12 @@
 //! `save_pretrained` writes `transformer.h.0...`; `h.N.attn.bias` is the causal-mask
 //! buffer, not a parameter, and is ignored.
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 
-use crate::backend::{Backend, KvCache, MatrixLayout, SeqSlice};
+use crate::backend::{AttentionSpec, Backend, MatrixLayout};
 use crate::loaders::safetensors::TensorView;
 use crate::loaders::{Gpt2Config, WeightStore};
-use crate::model::Stage;
+use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, logit_rows};
 
 struct Block<B: Backend> {
     ln_1: (B::Vector, B::Vector),
@@ -34,24 +34,11 @@ struct Block<B: Backend> {
 pub struct Gpt2<B: Backend> {
     /// Validated at load; private so that the weights and the config cannot part.
     config: Gpt2Config,
+    info: ModelInfo,
     wte: B::Matrix, // (V, C): token embedding and output head
     wpe: B::Matrix, // (n_positions, C)
     blocks: Vec<Block<B>>,
     ln_f: (B::Vector, B::Vector),
-}
-
-/// One forward call: the flattened tokens of one or more sequences.
-pub struct Batch<'a> {
-    pub tokens: &'a [u32],
-    pub seqs: &'a [SeqSlice],
-}
-
-/// Which rows get logits.
-pub enum LogitRows {
-    /// The last row of each sequence (generation).
-    LastOfEachSeq,
-    /// Every row (evaluation, tests).
-    All,
 }
 
 /// Tensor lookup that accepts both naming schemes and checks shapes.
@@ -108,7 +95,17 @@ impl<B: Backend> Gpt2<B> {
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let info = ModelInfo {
+            architecture: "gpt2",
+            vocab_size: config.vocab_size,
+            context_length: config.n_positions,
+            n_layer: config.n_layer,
+            n_params: config.n_params(),
+            bos_token_id: Some(config.bos_token_id),
+            eos_token_ids: vec![config.eos_token_id],
+        };
         Ok(Gpt2 {
+            info,
             wte: matrix("wte.weight", [v, c], MatrixLayout::OutIn)?,
             wpe: matrix("wpe.weight", [config.n_positions, c], MatrixLayout::OutIn)?,
             ln_f: norm("ln_f")?,
@@ -120,9 +117,14 @@ impl<B: Backend> Gpt2<B> {
     pub fn config(&self) -> &Gpt2Config {
         &self.config
     }
+}
 
-    /// A KV cache for one sequence of up to `capacity` tokens.
-    pub fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+impl<B: Backend> CausalLm<B> for Gpt2<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
         ensure!(
             capacity <= self.config.n_positions,
             "KV cache of {capacity} exceeds the context {}",
@@ -131,22 +133,7 @@ impl<B: Backend> Gpt2<B> {
         backend.new_kv_cache(self.config.n_layer, capacity, self.config.n_embd)
     }
 
-    /// Run the batch through the model, appending to each sequence's cache, and return
-    /// the logits of the requested rows: (rows, V).
-    pub fn forward(
-        &self,
-        backend: &B,
-        batch: &Batch,
-        caches: &mut [&mut B::KvCache],
-        which: LogitRows,
-    ) -> anyhow::Result<B::Act> {
-        self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
-    }
-
-    /// [`Gpt2::forward`], handing each intermediate [`Stage`] to `trace` as it is computed
-    /// (the residual stream after the embeddings and after each block, the final norm's
-    /// output and the logits): what `forge verify` compares with HF's.
-    pub fn forward_traced(
+    fn forward_traced(
         &self,
         backend: &B,
         batch: &Batch,
@@ -156,10 +143,7 @@ impl<B: Backend> Gpt2<B> {
     ) -> anyhow::Result<B::Act> {
         let cfg = &self.config;
         let (tokens, seqs) = (batch.tokens, batch.seqs);
-        ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            bail!("token id {bad} is out of range (vocabulary size {})", cfg.vocab_size);
-        }
+        check_batch(&self.info, cfg.n_embd, batch, caches)?;
         // Positions of each row (on the stack for decode-sized batches: no allocation).
         let mut small = [0u32; 64];
         let mut large = Vec::new();
@@ -169,41 +153,11 @@ impl<B: Backend> Gpt2<B> {
             large.resize(tokens.len(), 0);
             &mut large
         };
-        let mut covered = 0;
-        for (s, cache) in seqs.iter().zip(caches.iter()) {
-            ensure!(
-                s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= tokens.len(),
-                "sequence slices must tile the batch in order"
-            );
-            covered = s.rows.end;
-            let end = s.start_pos.checked_add(s.rows.len()).filter(|&e| e <= cfg.n_positions);
-            let Some(end) = end else {
-                bail!(
-                    "sequence at position {} + {} tokens exceeds the model's context of {}",
-                    s.start_pos,
-                    s.rows.len(),
-                    cfg.n_positions
-                );
-            };
-            let shape = cache.shape();
-            ensure!(
-                shape.n_layer == cfg.n_layer && shape.width == cfg.n_embd,
-                "KV cache of {} layers × {} does not fit this model ({} layers × {})",
-                shape.n_layer,
-                shape.width,
-                cfg.n_layer,
-                cfg.n_embd
-            );
-            ensure!(
-                end <= shape.capacity,
-                "sequence of {end} tokens does not fit its KV cache of {} positions",
-                shape.capacity
-            );
+        for s in seqs {
             for (i, r) in s.rows.clone().enumerate() {
                 positions[r] = (s.start_pos + i) as u32;
             }
         }
-        ensure!(covered == tokens.len(), "sequence slices must cover every token");
 
         let eps = cfg.layer_norm_epsilon;
         let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
@@ -216,7 +170,8 @@ impl<B: Backend> Gpt2<B> {
             // Attention: x = x + c_proj(attn(c_attn(ln_1(x)))).
             let qkv = backend.linear(&h, &b.c_attn.0, Some(&b.c_attn.1)); // (T, 3C)
             let layer_scale = if cfg.scale_attn_by_inverse_layer_idx { scale / (layer + 1) as f32 } else { scale };
-            let attn = backend.attention(&qkv, seqs, caches, layer, cfg.n_head, layer_scale)?; // (T, C)
+            let spec = AttentionSpec::multi_head(cfg.n_embd, cfg.n_head, layer_scale);
+            let attn = backend.attention(&qkv, seqs, caches, layer, &spec)?; // (T, C)
             let attn_out = backend.linear(&attn, &b.attn_proj.0, Some(&b.attn_proj.1)); // (T, C)
             h = backend.add_layer_norm(&mut x, &attn_out, &b.ln_2.0, &b.ln_2.1, eps); // x += attn; h = ln_2(x)
             // MLP: x = x + mlp_proj(gelu(c_fc(ln_2(x)))).
@@ -230,22 +185,7 @@ impl<B: Backend> Gpt2<B> {
             trace(Stage::Block(layer), &x)?;
         }
         // Only the rows whose next token is wanted go through ln_f and the (V × C) head.
-        let x = match which {
-            LogitRows::All => x,
-            LogitRows::LastOfEachSeq => {
-                let mut last = [0usize; 64];
-                let mut last_large = Vec::new();
-                let rows = seqs.iter().filter(|s| !s.rows.is_empty()).map(|s| s.rows.end - 1);
-                let last: &[usize] = if seqs.len() <= last.len() {
-                    let n = rows.zip(last.iter_mut()).map(|(r, slot)| *slot = r).count();
-                    &last[..n]
-                } else {
-                    last_large.extend(rows);
-                    &last_large
-                };
-                backend.select_rows(&x, last)
-            }
-        };
+        let x = logit_rows(backend, x, seqs, which);
         let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, eps); // (rows, C)
         trace(Stage::FinalNorm, &x)?;
         let logits = backend.linear(&x, &self.wte, None); // (rows, V)

@@ -1,14 +1,40 @@
-//! Model definitions, each written once over the backend interface.
+//! Model definitions, each written once over the backend interface, and the interface
+//! the engine drives them through ([`CausalLm`]) without knowing their architecture.
+//!
+//! - [`gpt2`]: GPT-2 (LayerNorm, learned positions, GELU MLP, tied head).
+//! - [`llama`]: the Llama family (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP).
+//! - [`load`]: a model folder or a GGUF file → the right architecture.
 
 pub mod gpt2;
-
-pub use gpt2::{Batch, Gpt2, LogitRows};
+pub mod llama;
+pub mod load;
 pub mod random;
+
+use anyhow::{bail, ensure};
+
+use crate::backend::{Backend, KvCache, SeqSlice};
+pub use gpt2::Gpt2;
+pub use llama::Llama;
+pub use load::load_model;
+
+/// One forward call: the flattened tokens of one or more sequences.
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub seqs: &'a [SeqSlice],
+}
+
+/// Which rows get logits.
+pub enum LogitRows {
+    /// The last row of each sequence (generation).
+    LastOfEachSeq,
+    /// Every row (evaluation, tests).
+    All,
+}
 
 /// A point in a forward pass where the activations are compared with a reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
-    /// The input to the first block (token + position embeddings).
+    /// The input to the first block (token embeddings, plus position embeddings for GPT-2).
     Embeddings,
     /// The residual stream after block `i`.
     Block(usize),
@@ -25,6 +51,122 @@ impl std::fmt::Display for Stage {
             Stage::Block(i) => write!(f, "block {i}"),
             Stage::FinalNorm => write!(f, "final norm"),
             Stage::Logits => write!(f, "logits"),
+        }
+    }
+}
+
+/// What the engine, the CLI and the verifier know about a model, whatever its architecture.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelInfo {
+    /// `gpt2`, `llama`.
+    pub architecture: &'static str,
+    pub vocab_size: usize,
+    /// Positions the model was trained for: the largest KV cache it accepts.
+    pub context_length: usize,
+    pub n_layer: usize,
+    pub n_params: usize,
+    /// What an empty prompt starts from.
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// A causal language model over backend `B`: the engine's whole view of a model.
+pub trait CausalLm<B: Backend>: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// A KV cache for one sequence of up to `capacity` tokens.
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache>;
+
+    /// [`CausalLm::forward`], handing each intermediate [`Stage`] to `trace` as it is
+    /// computed: what `forge verify` compares with HF's.
+    fn forward_traced(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows,
+        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
+    ) -> anyhow::Result<B::Act>;
+
+    /// Run the batch through the model, appending to each sequence's cache, and return
+    /// the logits of the requested rows: (rows, V).
+    fn forward(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows,
+    ) -> anyhow::Result<B::Act> {
+        self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
+    }
+}
+
+/// The checks every model makes on a batch before any kernel runs: token ids in the
+/// vocabulary, sequence slices tiling the batch in order, each sequence inside the
+/// context and its own cache, caches of the model's shape (`kv_width` per layer).
+pub(crate) fn check_batch<K: KvCache>(
+    info: &ModelInfo,
+    kv_width: usize,
+    batch: &Batch,
+    caches: &[&mut K],
+) -> anyhow::Result<()> {
+    let (tokens, seqs) = (batch.tokens, batch.seqs);
+    ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.vocab_size) {
+        bail!("token id {bad} is out of range (vocabulary size {})", info.vocab_size);
+    }
+    let mut covered = 0;
+    for (s, cache) in seqs.iter().zip(caches.iter()) {
+        ensure!(
+            s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= tokens.len(),
+            "sequence slices must tile the batch in order"
+        );
+        covered = s.rows.end;
+        let end = s.start_pos.checked_add(s.rows.len()).filter(|&e| e <= info.context_length);
+        let Some(end) = end else {
+            bail!(
+                "sequence at position {} + {} tokens exceeds the model's context of {}",
+                s.start_pos,
+                s.rows.len(),
+                info.context_length
+            );
+        };
+        let shape = cache.shape();
+        ensure!(
+            shape.n_layer == info.n_layer && shape.width == kv_width,
+            "KV cache of {} layers × {} does not fit this model ({} layers × {kv_width})",
+            shape.n_layer,
+            shape.width,
+            info.n_layer,
+        );
+        ensure!(
+            end <= shape.capacity,
+            "sequence of {end} tokens does not fit its KV cache of {} positions",
+            shape.capacity
+        );
+    }
+    ensure!(covered == tokens.len(), "sequence slices must cover every token");
+    Ok(())
+}
+
+/// The rows whose logits are wanted: all of `x`, or the last row of each sequence
+/// (on the stack for up to 64 sequences: no allocation in a decode step).
+pub(crate) fn logit_rows<B: Backend>(backend: &B, x: B::Act, seqs: &[SeqSlice], which: LogitRows) -> B::Act {
+    match which {
+        LogitRows::All => x,
+        LogitRows::LastOfEachSeq => {
+            let mut last = [0usize; 64];
+            let mut last_large = Vec::new();
+            let rows = seqs.iter().filter(|s| !s.rows.is_empty()).map(|s| s.rows.end - 1);
+            let last: &[usize] = if seqs.len() <= last.len() {
+                let n = rows.zip(last.iter_mut()).map(|(r, slot)| *slot = r).count();
+                &last[..n]
+            } else {
+                last_large.extend(rows);
+                &last_large
+            };
+            backend.select_rows(&x, last)
         }
     }
 }

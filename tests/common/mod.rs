@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::{RefKvCache, RefMatrix, ReferenceBackend};
-use batch_forge::backend::{Backend, HostMatrix, MatrixLayout, SeqSlice, WeightDtype};
+use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, MatrixLayout, SeqSlice, WeightDtype};
 use batch_forge::compare::max_abs_diff;
 pub use batch_forge::compare::nan_max;
 use batch_forge::engine::{Engine, GenerateParams};
@@ -185,26 +185,33 @@ impl Backend for RoundedReference {
     fn add(&self, x: &mut HostMatrix, y: &HostMatrix) {
         ReferenceBackend.add(x, y)
     }
+    fn rms_norm(&self, x: &HostMatrix, gain: &Vec<f32>, eps: f32) -> HostMatrix {
+        ReferenceBackend.rms_norm(x, gain, eps)
+    }
+    fn swiglu(&self, x: &HostMatrix) -> HostMatrix {
+        ReferenceBackend.swiglu(x)
+    }
     fn attention(
         &self,
         qkv: &HostMatrix,
         seqs: &[SeqSlice],
         caches: &mut [&mut RefKvCache],
         layer: usize,
-        n_head: usize,
-        scale: f32,
+        spec: &AttentionSpec,
     ) -> anyhow::Result<HostMatrix> {
         if !self.kv_f16 {
-            return ReferenceBackend.attention(qkv, seqs, caches, layer, n_head, scale);
+            return ReferenceBackend.attention(qkv, seqs, caches, layer, spec);
         }
-        // Keys and values as the f16 cache holds them; queries stay f32.
-        let c = qkv.cols / 3;
+        // Keys and values as the f16 cache holds them; queries stay f32. (Rounding before
+        // RoPE would not be what a cache of rotated keys holds.)
+        anyhow::ensure!(spec.rope.is_none(), "RoundedReference rounds the KV cache of models without RoPE only");
+        let q = spec.q_width();
         let mut rounded = qkv.clone();
         for row in rounded.data.chunks_mut(qkv.cols) {
-            let kv = round_to(WeightDtype::F16, &row[c..]);
-            row[c..].copy_from_slice(&kv);
+            let kv = round_to(WeightDtype::F16, &row[q..]);
+            row[q..].copy_from_slice(&kv);
         }
-        ReferenceBackend.attention(&rounded, seqs, caches, layer, n_head, scale)
+        ReferenceBackend.attention(&rounded, seqs, caches, layer, spec)
     }
     fn select_rows(&self, x: &HostMatrix, rows: &[usize]) -> HostMatrix {
         ReferenceBackend.select_rows(x, rows)

@@ -9,6 +9,7 @@
 //! - `attention`: per (row, head) task over an f32 or f16 KV cache.
 
 pub mod matmul;
+pub mod qmatmul;
 pub mod simd;
 
 use std::ops::{Deref, DerefMut};
@@ -19,10 +20,16 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention};
+use super::{
+    AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention,
+    dequantized_matrix, rope_row,
+};
+use crate::loaders::gguf::GgmlType;
 use crate::loaders::safetensors::{Dtype, TensorView};
 pub use matmul::PackedMatrix;
 use matmul::{Causal, Epilogue, matmul, matmul_causal};
+pub use qmatmul::QMatrix;
+use qmatmul::{Q8Rows, QType};
 pub use simd::Isa;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,12 +50,42 @@ impl Default for CpuOptions {
 pub struct CpuBackend {
     opts: CpuOptions,
     pool: Arc<BufferPool>,
+    /// Scratch for activations quantized to 8-bit blocks, reused across calls.
+    q8: Mutex<Vec<Q8Rows>>,
+}
+
+/// A weight matrix: packed floats, or GGUF blocks kept quantized.
+pub enum CpuMatrix {
+    Dense(PackedMatrix),
+    Quant(QMatrix),
+}
+
+impl CpuMatrix {
+    pub fn n_in(&self) -> usize {
+        match self {
+            CpuMatrix::Dense(m) => m.n_in,
+            CpuMatrix::Quant(m) => m.n_in,
+        }
+    }
+    pub fn n_out(&self) -> usize {
+        match self {
+            CpuMatrix::Dense(m) => m.n_out,
+            CpuMatrix::Quant(m) => m.n_out,
+        }
+    }
+    /// Bytes of weight data.
+    pub fn bytes(&self) -> usize {
+        match self {
+            CpuMatrix::Dense(m) => m.bytes(),
+            CpuMatrix::Quant(m) => m.bytes(),
+        }
+    }
 }
 
 impl CpuBackend {
     /// Every `Isa` value runs on this CPU (only detection makes the non-portable ones).
     pub fn new(opts: CpuOptions) -> anyhow::Result<Self> {
-        Ok(CpuBackend { opts, pool: Arc::new(BufferPool::default()) })
+        Ok(CpuBackend { opts, pool: Arc::new(BufferPool::default()), q8: Mutex::new(Vec::new()) })
     }
 
     pub fn opts(&self) -> &CpuOptions {
@@ -57,6 +94,33 @@ impl CpuBackend {
 
     fn take(&self, rows: usize, cols: usize) -> CpuAct {
         CpuAct { rows, cols, buf: self.pool.take(rows * cols, &self.pool) }
+    }
+
+    /// `x @ W (+ bias)`, GELU'd if asked: dense or quantized weights.
+    fn linear_impl(&self, x: &CpuAct, w: &CpuMatrix, bias: Option<&Vec<f32>>, gelu: bool) -> CpuAct {
+        let mut out = self.take(x.rows, w.n_out());
+        match w {
+            CpuMatrix::Dense(w) => {
+                matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu }, &mut out)
+            }
+            CpuMatrix::Quant(w) => {
+                assert_eq!(x.cols, w.n_in, "linear: input width");
+                let mut q8 = self.q8.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
+                qmatmul::quantize_rows(x, x.rows, w.n_in, &mut q8);
+                qmatmul::qmatmul(self.opts.isa, w, &q8, x.rows, &mut out);
+                self.q8.lock().unwrap_or_else(|p| p.into_inner()).push(q8);
+                if let Some(b) = bias {
+                    for row in out.chunks_mut(w.n_out) {
+                        row.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+                    }
+                }
+                if gelu {
+                    let isa = self.opts.isa;
+                    out.par_chunks_mut(4096).for_each(|c| simd::gelu(isa, c));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -181,28 +245,27 @@ fn kv_get(store: &KvStore, i: usize) -> f32 {
     }
 }
 
-/// Causal attention of one head over one sequence's new rows, as two matmuls:
+/// Causal attention of one query head over one sequence's new rows, as two matmuls:
 /// S = Q·Kᵀ (T × L, L = keys so far), masked row-wise softmax, O = P·V (T × hd).
 /// Keys and values are packed into panels like weights, so the GEMM kernel does the work.
-#[allow(clippy::too_many_arguments)]
 fn attention_head_blocked(
     isa: Isa,
     qkv: &[f32],
     seq: &SeqSlice,
     (k_store, v_store): &(KvStore, KvStore),
     capacity: usize,
-    c: usize,
+    spec: &AttentionSpec,
     h: usize,
-    hd: usize,
-    scale: f32,
 ) -> Vec<f32> {
+    let (hd, stride, kvh) = (spec.head_dim, spec.qkv_width(), h / spec.group());
     let t = seq.rows.len();
     let keys = seq.start_pos + t;
     let mut q = Vec::with_capacity(t * hd);
     for r in seq.rows.clone() {
-        q.extend(qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd].iter().map(|v| v * scale));
+        q.extend(qkv[r * stride + h * hd..r * stride + (h + 1) * hd].iter().map(|v| v * spec.scale));
     }
-    let k_t = PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, h, j) + d));
+    let k_t =
+        PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, kvh, j) + d));
     let mut scores = vec![0.0f32; t * keys];
     let none = Epilogue { bias: None, gelu: false };
     matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
@@ -211,7 +274,7 @@ fn attention_head_blocked(
         simd::softmax(isa, &mut row[..visible]);
         row[visible..].fill(0.0);
     }
-    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, h, j) + d));
+    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, kvh, j) + d));
     let mut out = vec![0.0f32; t * hd];
     matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start: seq.start_pos }, &mut out);
     out
@@ -227,7 +290,7 @@ fn layer_norm_rows(x: &[f32], cols: usize, gain: &[f32], shift: &[f32], eps: f32
 }
 
 impl Backend for CpuBackend {
-    type Matrix = PackedMatrix;
+    type Matrix = CpuMatrix;
     type Vector = Vec<f32>;
     type Act = CpuAct;
     type KvCache = CpuKvCache;
@@ -236,7 +299,7 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<PackedMatrix> {
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<CpuMatrix> {
         let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
         let dtype = match (self.opts.weight_dtype, t.dtype) {
             (Some(d), _) => d,
@@ -245,10 +308,28 @@ impl Backend for CpuBackend {
             (None, _) => WeightDtype::F32,
         };
         let data = t.to_f32().map_err(anyhow::Error::msg)?;
-        Ok(match layout {
+        Ok(CpuMatrix::Dense(match layout {
             MatrixLayout::InOut => PackedMatrix::pack(rows, cols, dtype, |k, j| data[k * cols + j]),
             MatrixLayout::OutIn => PackedMatrix::pack(cols, rows, dtype, |k, j| data[j * cols + k]),
-        })
+        }))
+    }
+
+    /// Q8_0, Q4_0 and Q4_1 stay quantized (unless `--dtype` asks for floats); other types
+    /// are decoded to f32.
+    fn load_quantized(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+    ) -> anyhow::Result<CpuMatrix> {
+        match QType::from_ggml(ty) {
+            Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => Ok(CpuMatrix::Quant(
+                QMatrix::new(q, n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
+            )),
+            _ => dequantized_matrix(self, name, ty, n_out, n_in, bytes),
+        }
     }
 
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
@@ -268,11 +349,14 @@ impl Backend for CpuBackend {
         a
     }
 
-    fn embed(&self, table: &PackedMatrix, ids: &[u32]) -> CpuAct {
-        let dim = table.n_in;
+    fn embed(&self, table: &CpuMatrix, ids: &[u32]) -> CpuAct {
+        let dim = table.n_in();
         let mut out = self.take(ids.len(), dim);
         for (row, &id) in out.chunks_mut(dim).zip(ids) {
-            table.column(id as usize, row);
+            match table {
+                CpuMatrix::Dense(t) => t.column(id as usize, row),
+                CpuMatrix::Quant(t) => t.dequantize_row(id as usize, row),
+            }
         }
         out
     }
@@ -283,16 +367,12 @@ impl Backend for CpuBackend {
         out
     }
 
-    fn linear(&self, x: &CpuAct, w: &PackedMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
-        let mut out = self.take(x.rows, w.n_out);
-        matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu: false }, &mut out);
-        out
+    fn linear(&self, x: &CpuAct, w: &CpuMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
+        self.linear_impl(x, w, bias, false)
     }
 
-    fn linear_gelu(&self, x: &CpuAct, w: &PackedMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
-        let mut out = self.take(x.rows, w.n_out);
-        matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu: true }, &mut out);
-        out
+    fn linear_gelu(&self, x: &CpuAct, w: &CpuMatrix, bias: Option<&Vec<f32>>) -> CpuAct {
+        self.linear_impl(x, w, bias, true)
     }
 
     fn gelu(&self, x: &mut CpuAct) {
@@ -325,33 +405,92 @@ impl Backend for CpuBackend {
         out
     }
 
+    fn rms_norm(&self, x: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
+        let cols = x.cols;
+        let mut out = self.take(x.rows, cols);
+        let one = |(xr, or): (&[f32], &mut [f32])| simd::rms_norm(xr, gain, eps, or);
+        if x.rows > 1 {
+            x.par_chunks(cols).zip(out.par_chunks_mut(cols)).for_each(one);
+        } else {
+            x.chunks(cols).zip(out.chunks_mut(cols)).for_each(one);
+        }
+        out
+    }
+
+    fn add_rms_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
+        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
+        let cols = x.cols;
+        let mut out = self.take(x.rows, cols);
+        let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
+            for (a, b) in xr.iter_mut().zip(yr) {
+                *a += b;
+            }
+            simd::rms_norm(xr, gain, eps, or);
+        };
+        if x.rows > 1 {
+            x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
+        } else {
+            x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
+        }
+        out
+    }
+
+    fn swiglu(&self, x: &CpuAct) -> CpuAct {
+        let (isa, f) = (self.opts.isa, x.cols / 2);
+        let mut out = self.take(x.rows, f);
+        if f == 0 {
+            return out;
+        }
+        let one = |(xr, or): (&[f32], &mut [f32])| {
+            let (gate, up) = xr.split_at(f);
+            simd::swiglu(isa, gate, up, or);
+        };
+        if x.rows > 1 {
+            x.par_chunks(x.cols).zip(out.par_chunks_mut(f)).for_each(one);
+        } else {
+            x.chunks(x.cols).zip(out.chunks_mut(f)).for_each(one);
+        }
+        out
+    }
+
     fn attention(
         &self,
         qkv: &CpuAct,
         seqs: &[SeqSlice],
         caches: &mut [&mut CpuKvCache],
         layer: usize,
-        n_head: usize,
-        scale: f32,
+        spec: &AttentionSpec,
     ) -> anyhow::Result<CpuAct> {
-        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
         let isa = self.opts.isa;
-        let c = qkv.cols / 3;
-        let hd = c / n_head;
+        let (hd, stride, qw, kw) = (spec.head_dim, spec.qkv_width(), spec.q_width(), spec.kv_width());
+        let (n_head, n_rows) = (spec.n_head, qkv.rows);
+        // 0. RoPE on a copy of the queries and keys, at each row's position.
+        let rotated = spec.rope.map(|rope| {
+            let mut r = self.take(qkv.rows, qkv.cols);
+            r.copy_from_slice(qkv);
+            for seq in seqs {
+                for (i, row) in seq.rows.clone().enumerate() {
+                    rope_row(spec, &rope, &mut r[row * stride..(row + 1) * stride], seq.start_pos + i);
+                }
+            }
+            r
+        });
+        let qkv: &[f32] = rotated.as_deref().unwrap_or(qkv);
         // 1. Append the new keys and values.
         for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
             let (k, v) = &mut cache.layers[layer];
             for (i, r) in seq.rows.clone().enumerate() {
-                let row = &qkv[r * 3 * c..(r + 1) * 3 * c];
-                for h in 0..n_head {
+                let row = &qkv[r * stride..(r + 1) * stride];
+                for h in 0..spec.n_kv_head {
                     let at = kv_index(cache.capacity, hd, h, seq.start_pos + i);
-                    kv_write(k, at, &row[c + h * hd..c + (h + 1) * hd]);
-                    kv_write(v, at, &row[2 * c + h * hd..2 * c + (h + 1) * hd]);
+                    kv_write(k, at, &row[qw + h * hd..qw + (h + 1) * hd]);
+                    kv_write(v, at, &row[qw + kw + h * hd..qw + kw + (h + 1) * hd]);
                 }
             }
         }
         let caches: &[&mut CpuKvCache] = caches;
-        let mut out = self.take(qkv.rows, c);
+        let mut out = self.take(n_rows, qw);
         // 2a. Long slices (prefill): per (sequence, head), S = Q·Kᵀ and O = P·V as matmuls.
         let blocked: Vec<usize> =
             (0..seqs.len()).filter(|&s| seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS).collect();
@@ -364,38 +503,26 @@ impl Backend for CpuBackend {
                 .collect::<Vec<_>>()
                 .into_par_iter()
                 .map(|(s, h)| {
-                    (
-                        s,
-                        h,
-                        attention_head_blocked(
-                            isa,
-                            qkv,
-                            &seqs[s],
-                            &caches[s].layers[layer],
-                            caches[s].capacity,
-                            c,
-                            h,
-                            hd,
-                            scale,
-                        ),
-                    )
+                    let cache = &caches[s];
+                    (s, h, attention_head_blocked(isa, qkv, &seqs[s], &cache.layers[layer], cache.capacity, spec, h))
                 })
                 .collect()
         };
         for (s, h, o) in head_outputs {
             for (i, r) in seqs[s].rows.clone().enumerate() {
-                out[r * c + h * hd..r * c + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+                out[r * qw + h * hd..r * qw + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
             }
         }
         // 2b. Short slices (decode): one task per (row, head): scores, softmax, weighted values.
         let short_rows = |r: usize| seqs.iter().position(|s| s.rows.contains(&r)).filter(|&s| !blocked.contains(&s));
         out.par_chunks_mut(hd).enumerate().for_each(|(task, o)| {
             let (r, h) = (task / n_head, task % n_head);
+            let kvh = h / spec.group();
             let Some(s) = short_rows(r) else { return };
             let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
             let cache = &caches[s];
             let (k_store, v_store) = &cache.layers[layer];
-            let q = &qkv[r * 3 * c + h * hd..r * 3 * c + (h + 1) * hd];
+            let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
             // Scratch on the stack for contexts up to STACK_SCORES: no allocation, and no
             // per-thread state to warm up.
             let mut stack_scores = [0.0f32; STACK_SCORES];
@@ -415,12 +542,12 @@ impl Backend for CpuBackend {
                 &mut heap_tmp
             };
             for (j, sc) in scores.iter_mut().enumerate() {
-                *sc = simd::dot(isa, q, kv_slice(k_store, kv_index(cache.capacity, hd, h, j), hd, tmp)) * scale;
+                *sc = simd::dot(isa, q, kv_slice(k_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp)) * spec.scale;
             }
             simd::softmax(isa, scores);
             o.fill(0.0);
             for (j, &p) in scores.iter().enumerate() {
-                simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, h, j), hd, tmp), o);
+                simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp), o);
             }
         });
         Ok(out)

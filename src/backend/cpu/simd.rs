@@ -123,12 +123,13 @@ pub fn softmax(isa: Isa, v: &mut [f32]) {
         return;
     }
     let _ = isa;
-    let mut sum = 0.0;
+    // An f64 normaliser: a sequential f32 sum over thousands of positions drifts by 1e-5.
+    let mut sum = 0.0f64;
     for x in v.iter_mut() {
         *x = (*x - max).exp();
-        sum += *x;
+        sum += *x as f64;
     }
-    let inv = 1.0 / sum;
+    let inv = (1.0 / sum) as f32;
     v.iter_mut().for_each(|x| *x *= inv);
 }
 
@@ -149,6 +150,43 @@ pub fn layer_norm(x: &[f32], gain: &[f32], shift: &[f32], eps: f32, out: &mut [f
     let inv_std = 1.0 / (var / n + eps).sqrt();
     for (((o, &v), &g), &b) in out.iter_mut().zip(x).zip(gain).zip(shift) {
         *o = (v - mean) * inv_std * g + b;
+    }
+}
+
+/// RMSNorm of `x` into `out`: `x / sqrt(mean(x²) + eps) * gain`.
+pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
+    let mut sq = [0.0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let mut total = chunks.remainder().iter().map(|v| v * v).sum::<f32>();
+    for c in chunks {
+        for i in 0..16 {
+            sq[i] += c[i] * c[i];
+        }
+    }
+    total += sq.iter().sum::<f32>();
+    let inv_rms = 1.0 / (total / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(gain) {
+        *o = v * inv_rms * g;
+    }
+}
+
+/// SiLU, `x / (1 + e^-x)`: the portable path's definition.
+#[inline]
+pub fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `out = silu(gate) · up`.
+pub fn swiglu(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx2() {
+        // SAFETY: features checked by detection; lengths checked above.
+        return unsafe { x86::swiglu(gate, up, out) };
+    }
+    let _ = isa;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu_scalar(g) * u;
     }
 }
 
@@ -219,6 +257,27 @@ pub(crate) mod x86 {
         let one = _mm256_set1_ps(1.0);
         let tanh = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
         _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5), x), _mm256_add_ps(one, tanh))
+    }
+
+    /// `out = gate / (1 + exp(-gate)) · up`, 8 lanes at a time (exp clamps its input, so
+    /// huge gates stay finite: silu(-1e30) = -0, silu(1e30) = 1e30).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let one = _mm256_set1_ps(1.0);
+        let n8 = out.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            // SAFETY: i + 8 <= len of all three slices (equal lengths, checked by the caller).
+            unsafe {
+                let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let u = _mm256_loadu_ps(up.as_ptr().add(i));
+                let e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                let y = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), y);
+            }
+        }
+        for i in n8..out.len() {
+            out[i] = super::silu_scalar(gate[i]) * up[i];
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]

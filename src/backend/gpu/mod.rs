@@ -27,7 +27,7 @@ use anyhow::{Context, bail, ensure};
 use wgpu::util::DeviceExt;
 
 use super::WeightDtype;
-use super::{Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
+use super::{AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
 use crate::loaders::safetensors::{Dtype, TensorView};
 use kernels::{Kernel, Kernels};
 
@@ -769,12 +769,12 @@ impl Backend for GpuBackend {
         seqs: &[SeqSlice],
         caches: &mut [&mut GpuKvCache],
         layer: usize,
-        n_head: usize,
-        scale: f32,
+        spec: &AttentionSpec,
     ) -> anyhow::Result<GpuAct> {
-        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, n_head)?;
-        let c = qkv.cols / 3;
-        let head_dim = c / n_head;
+        check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
+        self.supports(spec)?;
+        let (n_head, head_dim, scale) = (spec.n_head, spec.head_dim, spec.scale);
+        let c = spec.q_width();
         ensure!(head_dim <= 256, "attention: heads of {head_dim} values; the gpu kernels take at most 256");
         let out = self.take(qkv.rows, c);
         for (s, cache) in seqs.iter().zip(caches.iter()) {
@@ -818,6 +818,26 @@ impl Backend for GpuBackend {
             );
         }
         Ok(out)
+    }
+
+    fn supports(&self, spec: &AttentionSpec) -> anyhow::Result<()> {
+        spec.validate()?;
+        ensure!(
+            spec.rope.is_none() && spec.n_kv_head == spec.n_head,
+            "the gpu backend does not run RoPE or grouped-query attention yet (Llama-family models): \
+             use --backend cpu or reference"
+        );
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &GpuAct, _gain: &GpuVector, _eps: f32) -> GpuAct {
+        self.fail("rms_norm: the gpu backend has no RMSNorm kernel yet (Llama-family models)".into());
+        self.take(x.rows, x.cols)
+    }
+
+    fn swiglu(&self, x: &GpuAct) -> GpuAct {
+        self.fail("swiglu: the gpu backend has no SwiGLU kernel yet (Llama-family models)".into());
+        self.take(x.rows, x.cols / 2)
     }
 
     fn select_rows(&self, x: &GpuAct, rows: &[usize]) -> GpuAct {

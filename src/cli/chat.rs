@@ -1,0 +1,157 @@
+//! `forge chat`: an interactive conversation with a model that has a chat template
+//! (llama.cpp's `llama-cli -cnv`). Each turn renders the whole conversation with the
+//! template, and the KV cache is kept between turns: only the tokens a turn adds are
+//! prefilled. Lines starting with `/` are commands: `/clear` starts over, `/exit` ends.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+
+use batch_forge::backend::Backend;
+use batch_forge::chat::Message;
+use batch_forge::engine::{Engine, GenerateParams, StopReason};
+use batch_forge::tokenizer::StreamDecoder;
+
+use super::generate::SamplingArgs;
+use super::{BackendArgs, BackendChoice, with_backend};
+
+#[derive(Args)]
+pub struct ChatArgs {
+    /// A .gguf file or model folder whose files carry a chat template.
+    #[arg(long, short)]
+    model: String,
+    /// A system message that opens the conversation (llama.cpp's -sys).
+    #[arg(long = "system-prompt", value_name = "TEXT")]
+    system_prompt: Option<String>,
+    /// Most tokens per reply; -1 = until end of turn or the context is full.
+    #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    n_predict: i64,
+    /// Positions for the whole conversation (prompt and replies); 0 = the model's context,
+    /// capped at 4096 (the KV cache is allocated up front).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
+    ctx_size: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Worker threads (default: the physical cores available to this process).
+    #[arg(long, short)]
+    threads: Option<usize>,
+}
+
+/// The default conversation length when -c is not given.
+const DEFAULT_CTX: usize = 4096;
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    args.backend.validate("chat")?;
+    anyhow::ensure!(args.backend.backend != BackendChoice::Both, "--backend both is for `forge generate` only");
+    super::check_threads(args.threads.as_slice())?;
+    args.sampling.params(0)?;
+    super::warn_threads(args.threads.as_slice());
+    super::in_pool(args.threads, || with_backend!(args.backend, |b| chat_on(b, &args)))
+}
+
+fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
+    let path = super::model_dir(&args.model, true, "chat")?;
+    let engine = Engine::load(backend, &path)?;
+    anyhow::ensure!(
+        engine.chat_template.is_some(),
+        "{} has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json); \
+         use `forge generate` for plain text",
+        args.model
+    );
+    let n_positions = engine.model.info().context_length;
+    anyhow::ensure!(args.ctx_size <= n_positions, "-c {} exceeds the model's context of {n_positions}", args.ctx_size);
+    let n_ctx = if args.ctx_size > 0 { args.ctx_size } else { n_positions.min(DEFAULT_CTX) };
+    let mut session = engine.new_session(n_ctx.saturating_sub(1).max(1))?;
+    let sampling = args.sampling.params(n_ctx)?;
+    if !sampling.is_greedy() {
+        eprintln!("seed: {} (pass -s {} to repeat this conversation)", sampling.seed, sampling.seed);
+    }
+    let mut messages: Vec<Message> = args.system_prompt.iter().map(|s| Message::new("system", s)).collect();
+    let interactive = std::io::stdin().is_terminal();
+    eprintln!(
+        "chat with {} on {} ({} positions); /clear starts over, /exit or end of input ends",
+        args.model,
+        engine.backend.name(),
+        n_ctx
+    );
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut turn = 0u64;
+    loop {
+        if interactive {
+            eprint!("> ");
+            std::io::stderr().flush().ok();
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.context("reading stdin (is it UTF-8?)")?;
+        let line = line.trim_end_matches('\r');
+        match line.trim() {
+            "/exit" | "/quit" => break,
+            "/clear" => {
+                messages.truncate(usize::from(args.system_prompt.is_some()));
+                session.clear();
+                eprintln!("[conversation cleared]");
+                continue;
+            }
+            "" => continue,
+            _ => {}
+        }
+        messages.push(Message::new("user", line));
+        let ids = engine.chat_prompt_ids(&messages)?;
+        let mut params = GenerateParams {
+            max_new_tokens: usize::try_from(args.n_predict).unwrap_or(usize::MAX),
+            sampling: sampling.clone(),
+            ignore_eos: false,
+            max_context: Some(n_ctx),
+            logprobs: None,
+        };
+        params.sampling.seed = sampling.seed.wrapping_add(turn); // each turn its own draws, all repeatable
+        turn += 1;
+        let mut stream = StreamDecoder::new();
+        let mut reply = String::new();
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let start = Instant::now();
+        let result = engine.generate_in(&mut session, &ids, &params, |id| {
+            if engine.is_eos(id) {
+                return Ok(());
+            }
+            let at = reply.len();
+            stream.push_into(engine.tokenizer.token_bytes(id)?, &mut reply);
+            out.write_all(&reply.as_bytes()[at..]).context("writing to stdout")?;
+            out.flush().context("writing to stdout")
+        });
+        let generation = match result {
+            Ok(g) => g,
+            Err(e) => {
+                messages.pop();
+                eprintln!("error: {e:#} (/clear starts a new conversation)");
+                if interactive {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
+        let tail = stream.finish();
+        reply.push_str(&tail);
+        writeln!(out, "{tail}").context("writing to stdout")?;
+        drop(out);
+        let seconds = start.elapsed().as_secs_f64();
+        let n = generation.generated_ids.len();
+        let full =
+            if generation.stop == StopReason::ContextFull { "; the context is full, /clear to go on" } else { "" };
+        eprintln!(
+            "[{} prompt tokens ({} cached), {n} generated, {:.1} tokens/s{full}]",
+            ids.len(),
+            generation.reused_prompt_tokens,
+            n as f64 / seconds.max(1e-9)
+        );
+        messages.push(Message::new("assistant", &reply));
+    }
+    Ok(())
+}

