@@ -744,7 +744,7 @@ fn model_path_errors_say_what_was_found() {
         stderr(&o)
     );
     let gguf = fixture("gguf/types.gguf");
-    assert_clean_error(&forge(&["generate", "-p", "x", "-m", gguf.to_str().unwrap()]), "no general.architecture");
+    assert_clean_error(&forge(&["generate", "-p", "x", "-m", gguf.to_str().unwrap()]), "no tokenizer.ggml.model");
     // tokenize reads a GGUF's tokenizer; this one has none.
     assert_clean_error(&forge(&["tokenize", "x", "-m", gguf.to_str().unwrap()]), "no tokenizer.ggml.model");
     let o = forge_env(

@@ -64,6 +64,11 @@ pub enum OutputFormat {
 /// The name a model is shown by: a Hub id as given, a folder by its last component.
 pub(super) fn display_name(model: &str) -> String {
     let path = std::path::Path::new(model);
+    if path.is_file()
+        && let Some(name) = path.file_name()
+    {
+        return name.to_string_lossy().into_owned();
+    }
     if path.is_dir()
         && let Some(name) = std::fs::canonicalize(path).ok().as_deref().and_then(|p| p.file_name())
     {
@@ -134,12 +139,47 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (_, DtypeChoice::Auto) => stored,
     }
     .to_owned();
-    let bytes_per_param = if dtype == "f32" { 4 } else { 2 };
+    let mut bytes_per_param = if dtype == "f32" { 4 } else { 2 };
+    // A GGUF whose blocks the cpu backend keeps quantized: its type and bytes, as llama-bench shows them.
+    let mut file_bytes = None;
+    if let (Source::Path(path), BackendChoice::Cpu, DtypeChoice::Auto) =
+        (&source, args.backend.backend, args.backend.dtype)
+        && let Some((ty, bytes)) = quantized_summary(path)?
+    {
+        dtype = ty;
+        file_bytes = Some(bytes);
+        bytes_per_param = 0;
+    }
     if args.backend.kv_dtype == "f16" {
         dtype.push_str(" (kv f16)");
     }
-    let info = Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: bytes_per_param };
+    let info =
+        Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: file_bytes.unwrap_or(bytes_per_param) };
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
+}
+
+/// For a GGUF with block-quantized matrices the cpu backend keeps (Q8_0, Q4_0, Q4_1): the
+/// type holding most of its bytes (`q4_1`) and the bytes of all its tensors.
+pub(super) fn quantized_summary(path: &std::path::Path) -> anyhow::Result<Option<(String, usize)>> {
+    use batch_forge::loaders::gguf::{GgmlType, GgufFile};
+    if !batch_forge::model::load::is_gguf(path) {
+        return Ok(None);
+    }
+    let file = GgufFile::open(path)?;
+    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
+    for t in file.tensor_infos() {
+        match by_type.iter_mut().find(|(ty, _)| *ty == t.ggml_type) {
+            Some((_, n)) => *n += t.n_bytes,
+            None => by_type.push((t.ggml_type, t.n_bytes)),
+        }
+    }
+    let total: u64 = by_type.iter().map(|(_, n)| n).sum();
+    let kept = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+    Ok(by_type
+        .iter()
+        .filter(|(ty, _)| kept.contains(ty))
+        .max_by_key(|(_, n)| *n)
+        .map(|(ty, _)| (ty.name().to_ascii_lowercase(), total as usize)))
 }
 
 /// The model to measure: random GPT-2 weights in memory, or a folder or GGUF file.
@@ -299,7 +339,9 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
         Source::Path(path) => load_model(&backend, path)?.model,
     };
     let n_params = model.info().n_params;
-    info.size_bytes *= n_params; // bytes per parameter until here
+    if info.size_bytes <= 4 {
+        info.size_bytes *= n_params; // bytes per parameter until here
+    }
     let info = &info;
     // Every test checked before any output.
     let n_ctx = model.info().context_length;

@@ -92,14 +92,20 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let reference = Reference::open(&args.reference)?;
     let dir = super::model_dir(&args.model, true, "verify")?;
     let stored = super::stored_dtype_at(&dir)?;
+    let quantized = super::bench::quantized_summary(&dir)?.map(|(ty, _)| ty);
     for r in &mut runs {
         let kv_f16 = r.args.kv_dtype == "f16";
         let weights = r.args.cpu_options()?.weight_dtype;
         r.tolerance = args.tolerance.unwrap_or_else(|| tolerance::for_run(stored, weights, kv_f16));
-        let dtype = match r.args.dtype {
+        let mut dtype = match r.args.dtype {
             DtypeChoice::Auto => stored.name().to_ascii_lowercase(),
             d => format!("{d:?}").to_ascii_lowercase(),
         };
+        // The cpu backend keeps these blocks quantized and quantizes activations to 8 bits.
+        if let (Some(ty), BackendChoice::Cpu, DtypeChoice::Auto) = (&quantized, r.args.backend, r.args.dtype) {
+            r.tolerance = args.tolerance.unwrap_or(tolerance::Q8_ACTIVATIONS);
+            dtype = format!("{ty} (8-bit activations: llama.cpp's arithmetic; --dtype f32 is HF's)");
+        }
         r.label = format!("{dtype} weights, {} KV", r.args.kv_dtype);
     }
     let model_name = super::bench::display_name(&args.model);

@@ -230,6 +230,9 @@ fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
     }
 }
 
+/// Below this many (query value × key) products, decode attention runs on one thread.
+const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
+
 /// Sequences with at least this many new rows use matmul-shaped attention.
 const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;
 
@@ -515,7 +518,7 @@ impl Backend for CpuBackend {
         }
         // 2b. Short slices (decode): one task per (row, head): scores, softmax, weighted values.
         let short_rows = |r: usize| seqs.iter().position(|s| s.rows.contains(&r)).filter(|&s| !blocked.contains(&s));
-        out.par_chunks_mut(hd).enumerate().for_each(|(task, o)| {
+        let one = |(task, o): (usize, &mut [f32])| {
             let (r, h) = (task / n_head, task % n_head);
             let kvh = h / spec.group();
             let Some(s) = short_rows(r) else { return };
@@ -549,7 +552,15 @@ impl Backend for CpuBackend {
             for (j, &p) in scores.iter().enumerate() {
                 simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp), o);
             }
-        });
+        };
+        // A parallel region costs a thread wake-up (~10-20 µs): worth it only when the
+        // scores to compute are many.
+        let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
+        if work >= PARALLEL_ATTENTION_WORK {
+            out.par_chunks_mut(hd).enumerate().for_each(one);
+        } else {
+            out.chunks_mut(hd).enumerate().for_each(one);
+        }
         Ok(out)
     }
 

@@ -77,9 +77,14 @@ impl QType {
     }
 }
 
-/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, split at load into the blocks'
-/// quants (`qs`, as in the file) and their scales widened to f32 (`dm`: `d`, and `m` for
-/// Q4_1), so the kernels load both without converting f16 (exact: f16 → f32 is lossless).
+/// Rows interleaved per group (see [`QMatrix`]).
+pub const GROUP: usize = 4;
+
+/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, rearranged at load: each
+/// block's quants (`qs`, as in the file) apart from its scales widened to f32 (`dm`: `d`,
+/// and `m` for Q4_1; f16 → f32 is exact), and the rows interleaved in groups of
+/// [`GROUP`] block by block (`[group][block][row][…]`), so a decode step reads each group
+/// as one sequential stream. A last partial group is padded with zero rows.
 pub struct QMatrix {
     pub ty: QType,
     pub n_in: usize,
@@ -88,28 +93,48 @@ pub struct QMatrix {
     dm: Vec<f32>,
 }
 
+/// One row of a [`QMatrix`]: its group's data and its place in the group.
+#[derive(Clone, Copy)]
+struct RowRef<'a> {
+    ty: QType,
+    qs: &'a [u8],
+    dm: &'a [f32],
+    r: usize,
+}
+
+impl<'a> RowRef<'a> {
+    /// Block `b`: its quants and its scales.
+    fn block(&self, b: usize) -> (&'a [u8], &'a [f32]) {
+        let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
+        let i = b * GROUP + self.r;
+        (&self.qs[i * qb..(i + 1) * qb], &self.dm[i * ns..(i + 1) * ns])
+    }
+}
+
 impl QMatrix {
     /// `bytes` holds `n_out` rows of `n_in / 32` blocks of `ty`, as GGUF stores them.
     pub fn new(ty: QType, n_out: usize, n_in: usize, bytes: &[u8]) -> Result<Self, String> {
         if n_in == 0 || !n_in.is_multiple_of(QK) {
             return Err(format!("{}: rows of {n_in} values are not whole blocks of {QK}", ty.name()));
         }
-        let row_bytes = n_in / QK * ty.block_bytes();
+        let nb = n_in / QK;
+        let row_bytes = nb * ty.block_bytes();
         if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
             return Err(format!("{}: {} bytes for {n_out} rows of {row_bytes}", ty.name(), bytes.len()));
         }
-        let n_blocks = bytes.len() / ty.block_bytes();
-        let mut qs = super::matmul::huge_page_vec(n_blocks * ty.quant_bytes(), 0u8);
-        let mut dm = super::matmul::huge_page_vec(n_blocks * ty.scales(), 0f32);
-        let header = ty.block_bytes() - ty.quant_bytes();
-        for ((blk, q), sc) in bytes
-            .chunks_exact(ty.block_bytes())
-            .zip(qs.chunks_exact_mut(ty.quant_bytes()))
-            .zip(dm.chunks_exact_mut(ty.scales()))
-        {
-            q.copy_from_slice(&blk[header..]);
-            for (i, v) in sc.iter_mut().enumerate() {
-                *v = f16_at(blk, 2 * i);
+        let (qb, ns) = (ty.quant_bytes(), ty.scales());
+        let n_slots = n_out.div_ceil(GROUP) * GROUP * nb;
+        let mut qs = super::matmul::huge_page_vec(n_slots * qb, 0u8);
+        let mut dm = super::matmul::huge_page_vec(n_slots * ns, 0f32);
+        let header = ty.block_bytes() - qb;
+        for (j, row) in bytes.chunks_exact(row_bytes).enumerate() {
+            let (g, r) = (j / GROUP, j % GROUP);
+            for (b, blk) in row.chunks_exact(ty.block_bytes()).enumerate() {
+                let slot = (g * nb + b) * GROUP + r;
+                qs[slot * qb..(slot + 1) * qb].copy_from_slice(&blk[header..]);
+                for (i, v) in dm[slot * ns..(slot + 1) * ns].iter_mut().enumerate() {
+                    *v = f16_at(blk, 2 * i);
+                }
             }
         }
         Ok(QMatrix { ty, n_in, n_out, qs, dm })
@@ -124,20 +149,24 @@ impl QMatrix {
         self.n_in / QK
     }
 
-    /// Row `j`: its quants and its scales.
-    fn row(&self, j: usize) -> (&[u8], &[f32]) {
+    /// Group `g`'s quants and scales.
+    fn group(&self, g: usize) -> (&[u8], &[f32]) {
         let nb = self.blocks_per_row();
-        let (qb, ns) = (nb * self.ty.quant_bytes(), nb * self.ty.scales());
-        (&self.qs[j * qb..(j + 1) * qb], &self.dm[j * ns..(j + 1) * ns])
+        let (qg, sg) = (nb * GROUP * self.ty.quant_bytes(), nb * GROUP * self.ty.scales());
+        (&self.qs[g * qg..(g + 1) * qg], &self.dm[g * sg..(g + 1) * sg])
+    }
+
+    fn row(&self, j: usize) -> RowRef<'_> {
+        let (qs, dm) = self.group(j / GROUP);
+        RowRef { ty: self.ty, qs, dm, r: j % GROUP }
     }
 
     /// Row `j` decoded to f32 (an embedding lookup), exactly as `quant::dequantize`.
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
-        let (qs, dm) = self.row(j);
-        let ns = self.ty.scales();
+        let row = self.row(j);
         for (b, vals) in out.chunks_exact_mut(QK).enumerate() {
-            let q = &qs[b * self.ty.quant_bytes()..(b + 1) * self.ty.quant_bytes()];
-            let d = dm[b * ns];
+            let (q, sc) = row.block(b);
+            let d = sc[0];
             match self.ty {
                 QType::Q8_0 => {
                     for (v, &q) in vals.iter_mut().zip(q) {
@@ -151,7 +180,7 @@ impl QMatrix {
                     }
                 }
                 QType::Q4_1 => {
-                    let m = dm[b * ns + 1];
+                    let m = sc[1];
                     for i in 0..16 {
                         vals[i] = d * (q[i] & 0x0F) as f32 + m;
                         vals[i + 16] = d * (q[i] >> 4) as f32 + m;
@@ -211,7 +240,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     }
 }
 
-/// Output rows per parallel task.
+/// Output rows per parallel task (a multiple of [`GROUP`]).
 const ROWS_PER_TASK: usize = 16;
 
 /// `out[t][j] = Σ_k W[j][k] · x[t][k]` for `t < xq rows`, `j < n_out`: (T, n_out).
@@ -227,23 +256,23 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
         let j0 = task * ROWS_PER_TASK;
         let j1 = (j0 + ROWS_PER_TASK).min(n_out);
         let mut sums = [0f32; 4];
-        let mut j0 = j0;
         if t_rows == 1 {
-            while j0 + 4 <= j1 {
-                gemv4(isa, w, j0, xq, &mut sums);
-                for (i, &v) in sums.iter().enumerate() {
-                    // SAFETY: (0, j0 + i) is inside the output and belongs to this task.
-                    unsafe { out_ptr.write(j0 + i, v) };
+            // Whole groups (ROWS_PER_TASK is a multiple of GROUP); padded rows are dropped.
+            for g in j0 / GROUP..j1.div_ceil(GROUP) {
+                gemv4(isa, w, g, xq, &mut sums);
+                for (i, &v) in sums.iter().enumerate().take(n_out - g * GROUP) {
+                    // SAFETY: (0, 4g + i) is inside the output and belongs to this task.
+                    unsafe { out_ptr.write(g * GROUP + i, v) };
                 }
-                j0 += 4;
             }
+            return;
         }
         for j in j0..j1 {
             let row = w.row(j);
             let mut t = 0;
             while t < t_rows {
                 let n = (t_rows - t).min(4);
-                dot_rows(isa, w.ty, row, xq, t, n, &mut sums);
+                dot_rows(isa, row, xq, t, n, &mut sums);
                 for (i, &v) in sums[..n].iter().enumerate() {
                     // SAFETY: (t + i, j) is inside the (t_rows, n_out) output, and column j
                     // belongs to this task alone.
@@ -275,44 +304,48 @@ impl OutPtr {
     }
 }
 
-/// Rows `j .. j + 4` of `w` against activation row 0 into `sums`.
-fn gemv4(isa: Isa, w: &QMatrix, j: usize, xq: &Q8Rows, sums: &mut [f32; 4]) {
+/// The four rows of group `g` against activation row 0 into `sums`.
+fn gemv4(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, sums: &mut [f32; 4]) {
     let nb = xq.blocks_per_row;
-    assert!(j + 4 <= w.n_out && nb * QK == w.n_in && xq.q.len() >= w.n_in && xq.d.len().min(xq.s.len()) >= nb);
+    assert!(nb * QK == w.n_in && xq.q.len() >= w.n_in && xq.d.len().min(xq.s.len()) >= nb);
+    let (qs, dm) = w.group(g);
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
-        let qs = [0, 1, 2, 3].map(|r| w.row(j + r).0.as_ptr());
-        let dm = [0, 1, 2, 3].map(|r| w.row(j + r).1.as_ptr());
         let (x, d, s) = (xq.q.as_ptr(), xq.d.as_ptr(), xq.s.as_ptr());
-        // SAFETY: AVX2 detected (an AVX2 `Isa`); rows j..j+4 exist and hold nb blocks each;
-        // the activation row holds nb blocks (asserted above).
+        let (q, sc) = (qs.as_ptr(), dm.as_ptr());
+        // SAFETY: AVX2 detected (an AVX2 `Isa`); the group holds nb × 4 blocks (`group`
+        // slices them) and the activation row nb blocks (asserted above).
         unsafe {
             match w.ty {
-                QType::Q8_0 => x86::gemv4::<0>(qs, dm, nb, x, d, s, sums),
-                QType::Q4_0 => x86::gemv4::<1>(qs, dm, nb, x, d, s, sums),
-                QType::Q4_1 => x86::gemv4::<2>(qs, dm, nb, x, d, s, sums),
+                QType::Q8_0 => x86::gemv4::<0>(q, sc, nb, x, d, s, sums),
+                QType::Q4_0 => x86::gemv4::<1>(q, sc, nb, x, d, s, sums),
+                QType::Q4_1 => x86::gemv4::<2>(q, sc, nb, x, d, s, sums),
             }
         }
         return;
     }
+    let _ = isa;
     for (r, sum) in sums.iter_mut().enumerate() {
-        *sum = dot_scalar(w.ty, w.row(j + r), &xq.q[..w.n_in], &xq.d[..nb], &xq.s[..nb]);
+        let row = RowRef { ty: w.ty, qs, dm, r };
+        *sum = dot_scalar(row, &xq.q[..w.n_in], &xq.d[..nb], &xq.s[..nb]);
     }
 }
 
 /// Dot products of one weight row with activation rows `t .. t + n` (n ≤ 4) into `sums`.
-fn dot_rows(isa: Isa, ty: QType, row: (&[u8], &[f32]), xq: &Q8Rows, t: usize, n: usize, sums: &mut [f32; 4]) {
+fn dot_rows(isa: Isa, row: RowRef, xq: &Q8Rows, t: usize, n: usize, sums: &mut [f32; 4]) {
     let nb = xq.blocks_per_row;
     let n_in = nb * QK;
+    let ty = row.ty;
     assert!(n <= 4 && (t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()));
-    assert!(row.0.len() >= nb * ty.quant_bytes() && row.1.len() >= nb * ty.scales());
+    assert!(row.qs.len() >= nb * GROUP * ty.quant_bytes() && row.dm.len() >= nb * GROUP * ty.scales());
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         let x = xq.q[t * n_in..].as_ptr();
         let (d, s) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr());
-        let (q, dm) = (row.0.as_ptr(), row.1.as_ptr());
+        let (q, dm) = (row.block(0).0.as_ptr(), row.block(0).1.as_ptr());
         // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c; the
-        // asserts above keep every block of `row` and of activation rows t..t+n in bounds.
+        // asserts above keep every block of the row (stride GROUP blocks from block 0)
+        // and of activation rows t..t+n in bounds.
         unsafe {
             match (ty, n) {
                 (QType::Q8_0, 1) => x86::dot_n::<0, 1>(q, dm, nb, x, d, s, sums),
@@ -334,24 +367,18 @@ fn dot_rows(isa: Isa, ty: QType, row: (&[u8], &[f32]), xq: &Q8Rows, t: usize, n:
     let _ = isa;
     for (i, sum) in sums[..n].iter_mut().enumerate() {
         let r = t + i;
-        *sum = dot_scalar(
-            ty,
-            row,
-            &xq.q[r * n_in..(r + 1) * n_in],
-            &xq.d[r * nb..(r + 1) * nb],
-            &xq.s[r * nb..(r + 1) * nb],
-        );
+        *sum =
+            dot_scalar(row, &xq.q[r * n_in..(r + 1) * n_in], &xq.d[r * nb..(r + 1) * nb], &xq.s[r * nb..(r + 1) * nb]);
     }
 }
 
 /// The portable block dot: integer sums per block, f32 accumulation.
-fn dot_scalar(ty: QType, (qs, dm): (&[u8], &[f32]), x: &[i8], d: &[f32], s: &[f32]) -> f32 {
-    let (qb, ns) = (ty.quant_bytes(), ty.scales());
+fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32]) -> f32 {
     let mut acc = 0f32;
     for (b, ((xb, &dx), &sx)) in x.chunks_exact(QK).zip(d).zip(s).enumerate() {
-        let q = &qs[b * qb..(b + 1) * qb];
-        let dw = dm[b * ns];
-        acc += match ty {
+        let (q, sc) = row.block(b);
+        let dw = sc[0];
+        acc += match row.ty {
             QType::Q8_0 => {
                 let isum: i32 = q.iter().zip(xb).map(|(&w, &v)| (w as i8) as i32 * v as i32).sum();
                 dw * dx * isum as f32
@@ -370,7 +397,7 @@ fn dot_scalar(ty: QType, (qs, dm): (&[u8], &[f32]), x: &[i8], d: &[f32], s: &[f3
                     isum += (q[i] & 0x0F) as i32 * xb[i] as i32;
                     isum += (q[i] >> 4) as i32 * xb[i + 16] as i32;
                 }
-                dw * dx * isum as f32 + dm[b * ns + 1] * sx
+                dw * dx * isum as f32 + sc[1] * sx
             }
         };
     }
@@ -381,7 +408,10 @@ fn dot_scalar(ty: QType, (qs, dm): (&[u8], &[f32]), x: &[i8], d: &[f32], s: &[f3
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{QK, QType};
+    use super::{GROUP, QK, QType};
+
+    /// How far past the current four rows `gemv4` prefetches (bytes).
+    const PF: usize = 1024;
 
     /// The 32 weights of a block as bytes, from its quants `q`: i8 for Q8_0 and Q4_0
     /// (nibble − 8), u8 nibbles for Q4_1.
@@ -426,17 +456,17 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    /// Four weight rows (quants `qs[r]`, scales `dm[r]`, `nb` blocks of type `TY` each)
-    /// against one activation row: four independent accumulator chains, one activation
-    /// load per block.
+    /// One group of four interleaved rows (quants `qs`, scales `dm`, `nb` blocks each,
+    /// `[block][row]`) against one activation row: four independent accumulator chains,
+    /// one sequential weight stream, one activation load per block.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available; each row covers `nb` blocks, `x` nb × 32 values,
-    /// `d` and `s` nb values.
+    /// AVX2, FMA and F16C are available; `qs`/`dm` cover `nb × 4` blocks, `x` nb × 32
+    /// values, `d` and `s` nb values.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn gemv4<const TY: u8>(
-        qs: [*const u8; 4],
-        dm: [*const f32; 4],
+        qs: *const u8,
+        dm: *const f32,
         nb: usize,
         x: *const i8,
         d: *const f32,
@@ -449,19 +479,21 @@ mod x86 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut offs = [0f32; 4];
         for b in 0..nb {
-            // SAFETY: block b of each row and of the activation row is in bounds.
+            // SAFETY: block b of the group and of the activation row is in bounds; the
+            // prefetch address is only a hint (never dereferenced, computed with wrapping).
             unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(qs.wrapping_add((b * 4) * qb + PF) as *const i8);
                 let xv = _mm256_loadu_si256(x.add(b * QK) as *const __m256i);
                 let dx = _mm256_set1_ps(*d.add(b));
                 let sx = *s.add(b);
                 for r in 0..4 {
-                    let w = weights(ty, qs[r].add(b * qb));
+                    let w = weights(ty, qs.add((b * 4 + r) * qb));
                     let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
                     let p = _mm256_cvtepi32_ps(idot(w, aw, xv, signed));
-                    let scale = _mm256_mul_ps(_mm256_broadcast_ss(&*dm[r].add(b * ns)), dx);
-                    acc[r] = _mm256_fmadd_ps(scale, p, acc[r]);
+                    let sc = dm.add((b * 4 + r) * ns);
+                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&*sc), dx), p, acc[r]);
                     if TY == 2 {
-                        offs[r] = (*dm[r].add(b * ns + 1)).mul_add(sx, offs[r]);
+                        offs[r] = (*sc.add(1)).mul_add(sx, offs[r]);
                     }
                 }
             }
@@ -479,9 +511,10 @@ mod x86 {
         }
     }
 
-    /// Dot products of one weight row (quants `qs`, scales `dm`, `nb` blocks of type
-    /// `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) with `N` consecutive activation rows (`x`:
-    /// N × nb × 32 i8; `d`, `s`: N × nb scales) into `sums[..N]`.
+    /// Dot products of one weight row (block 0's quants `qs` and scales `dm`, then every
+    /// [`super::GROUP`]-th block: the row's `nb` blocks of type `TY`: 0 = Q8_0, 1 = Q4_0,
+    /// 2 = Q4_1) with `N` consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`:
+    /// N × nb scales) into `sums[..N]`.
     ///
     /// # Safety
     /// AVX2, FMA and F16C are available and every pointer covers what is described above.
@@ -505,16 +538,16 @@ mod x86 {
             // SAFETY: block b of the weight row and of each activation row is in bounds
             // (the caller's contract).
             unsafe {
-                let w = weights(ty, qs.add(b * qb));
+                let w = weights(ty, qs.add(b * GROUP * qb));
                 let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
-                let dw = _mm256_broadcast_ss(&*dm.add(b * ns));
+                let dw = _mm256_broadcast_ss(&*dm.add(b * GROUP * ns));
                 for i in 0..N {
                     let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
                     let p = _mm256_cvtepi32_ps(idot(w, aw, xv, signed));
                     let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(i * nb + b)));
                     acc[i] = _mm256_fmadd_ps(scale, p, acc[i]);
                     if TY == 2 {
-                        offs[i] = (*dm.add(b * ns + 1)).mul_add(*s.add(i * nb + b), offs[i]);
+                        offs[i] = (*dm.add(b * GROUP * ns + 1)).mul_add(*s.add(i * nb + b), offs[i]);
                     }
                 }
             }
