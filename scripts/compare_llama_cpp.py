@@ -44,6 +44,7 @@ def main():
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--prompts", type=Path)
+    ap.add_argument("--kv-dtype", default="f32", help="forge's KV cache (f32, its default; llama.cpp's is f16)")
     args = ap.parse_args()
     prompts = args.prompts.read_text().splitlines() if args.prompts else DEFAULT_PROMPTS
     completion = args.llama_cpp / "build/bin/llama-completion"
@@ -51,7 +52,8 @@ def main():
     for prompt in prompts:
         flags = ["--chat"] if args.chat else []
         ours = json.loads(forge("generate", "-m", str(args.model), "-p", prompt, "--temp", "0", "--ignore-eos",
-                                "-n", str(args.n), "--json", "--logprobs", "2", "--no-escape", *flags))
+                                "-n", str(args.n), "--json", "--logprobs", "2", "--no-escape", "--kv-dtype", args.kv_dtype,
+                                *flags))
         text_in = forge("detokenize", "-m", str(args.model), *map(str, ours["prompt_ids"]))
         out = subprocess.run([str(completion), "-m", str(args.model), "-p", text_in, "-n", str(args.n), "--temp", "0",
                               "--ignore-eos", "-t", "2", "-no-cnv", "--no-display-prompt", "--simple-io",

@@ -423,3 +423,34 @@ fn quantized_path_stays_close_to_hf() {
         }
     }
 }
+
+/// `forge perplexity` with llama.cpp's method gives llama-perplexity's number on the same
+/// file and text (tests/fixtures/perplexity.json, within 0.5%; measured ≤ 0.1%), through
+/// the CLI with llama.cpp's output line; a text shorter than two windows is refused.
+#[test]
+fn perplexity_equals_llama_cpp() {
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(fixture("perplexity.json")).unwrap()).unwrap();
+    let text = fixture("perplexity.txt");
+    for t in ["f32", "q8_0", "q4_0"] {
+        let model = fixture("tiny-llama").join(format!("tiny-llama.{t}.gguf"));
+        let o = forge(&["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "32"], None);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let line = out.lines().find(|l| l.starts_with("Final estimate: PPL = ")).unwrap_or_else(|| panic!("{out}"));
+        let nums: Vec<f64> =
+            line.trim_start_matches("Final estimate: PPL = ").split(" +/- ").map(|v| v.parse().unwrap()).collect();
+        let (ppl, unc) = (want["ppl"][t].as_f64().unwrap(), want["uncertainty"][t].as_f64().unwrap());
+        assert!((nums[0] / ppl - 1.0).abs() < 5e-3, "{t}: {} vs llama.cpp {ppl}", nums[0]);
+        assert!((nums[1] / unc - 1.0).abs() < 2e-2, "{t}: ± {} vs llama.cpp {unc}", nums[1]);
+        assert_eq!(out.matches(',').count(), want["windows"].as_u64().unwrap() as usize, "{out}");
+    }
+    // The library call agrees with itself on the reference backend (f32 arithmetic).
+    let e = Engine::load(ReferenceBackend, &fixture("tiny-llama").join("tiny-llama.f32.gguf")).unwrap();
+    let tokens = e.perplexity_tokens(&std::fs::read_to_string(&text).unwrap());
+    let s = e.perplexity(&tokens, 32, None, |_| Ok(())).unwrap();
+    assert!((s.ppl() / want["ppl"]["f32"].as_f64().unwrap() - 1.0).abs() < 5e-3, "{}", s.ppl());
+    assert_eq!(s.count, 25 * 15);
+    let err = format!("{:#}", e.perplexity(&tokens[..60], 32, None, |_| Ok(())).unwrap_err());
+    assert!(err.contains("needs at least 64"), "{err}");
+    assert!(e.perplexity(&tokens, 4096, None, |_| Ok(())).is_err());
+}

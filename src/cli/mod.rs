@@ -5,6 +5,7 @@ mod chat;
 mod devices;
 mod generate;
 mod inspect;
+mod perplexity;
 mod random_model;
 mod tokenize;
 mod verify;
@@ -34,6 +35,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Talk with a model through its chat template (interactive; keeps the KV cache between turns).
     Chat(chat::ChatArgs),
+    /// Perplexity of a text file, with llama-perplexity's method and output.
+    Perplexity(perplexity::PerplexityArgs),
     /// Print the token ids of a text (or of JSON lines on stdin with --jsonl).
     Tokenize(tokenize::TokenizeArgs),
     /// Print the text of token ids (or of JSON lines on stdin with --jsonl).
@@ -205,6 +208,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Detokenize(a) => tokenize::run_detokenize(a),
         Command::Bench(a) => bench::run(a),

@@ -3,6 +3,7 @@
 
 pub mod lockstep;
 pub mod logprobs;
+pub mod perplexity;
 pub mod sampler;
 
 use std::path::Path;
