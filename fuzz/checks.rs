@@ -196,5 +196,30 @@ pub fn gguf(data: &[u8]) {
         let ids = tok.encode("Hello 12 ½ <s> \u{4}");
         assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
         let _ = tok.decode(&ids);
+        // Its chat template: compiled and rendered, or an error.
+        if let Ok(Some(t)) = batch_forge::chat::ChatTemplate::from_gguf(&g, &tok) {
+            let _ = t.render(&[batch_forge::chat::Message::new("user", "hi")], true);
+        }
+    }
+    // A Llama model from it: a config and a model, or an error; a small model that loads
+    // runs a forward pass without panicking.
+    if let Ok(config) = batch_forge::loaders::LlamaConfig::from_gguf(&g)
+        && config.checked_n_params().is_some_and(|n| n < 1 << 22)
+    {
+        use batch_forge::backend::SeqSlice;
+        use batch_forge::backend::reference::ReferenceBackend;
+        use batch_forge::model::{Batch, CausalLm, Llama, LogitRows};
+        let weights = batch_forge::loaders::Weights::Gguf(g);
+        if let Ok(m) = Llama::load(&ReferenceBackend, config, &weights)
+            && let Ok(mut cache) = m.new_cache(&ReferenceBackend, 2)
+        {
+            let seqs = [SeqSlice { rows: 0..2, start_pos: 0 }];
+            let _ = m.forward(
+                &ReferenceBackend,
+                &Batch { tokens: &[0, 1], seqs: &seqs },
+                &mut [&mut cache],
+                LogitRows::All,
+            );
+        }
     }
 }

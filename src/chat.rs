@@ -36,6 +36,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Further special tokens HF passes (`unk_token`, `pad_token`), where the files name them.
+    extra_tokens: Vec<(&'static str, String)>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -60,6 +62,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", |v: Value| -> Result<String, Error> {
             let mut out = String::new();
             py_json(&v, &mut out)?;
@@ -67,7 +70,12 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| anyhow::anyhow!("the chat template does not compile: {e}"))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_owned(), eos_token: eos_token.to_owned() })
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_owned(),
+            eos_token: eos_token.to_owned(),
+            extra_tokens: Vec::new(),
+        })
     }
 
     /// The template of a GGUF file (`tokenizer.chat_template`), if it has one; BOS and EOS
@@ -83,7 +91,15 @@ impl ChatTemplate {
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_default()
         };
-        Self::new(source, &text("tokenizer.ggml.bos_token_id"), &text("tokenizer.ggml.eos_token_id")).map(Some)
+        let mut t = Self::new(source, &text("tokenizer.ggml.bos_token_id"), &text("tokenizer.ggml.eos_token_id"))?;
+        for (name, key) in
+            [("unk_token", "tokenizer.ggml.unknown_token_id"), ("pad_token", "tokenizer.ggml.padding_token_id")]
+        {
+            if file.get(key).is_some() {
+                t.extra_tokens.push((name, text(key)));
+            }
+        }
+        Ok(Some(t))
     }
 
     /// The template of an HF model folder: `chat_template.jinja`, else the `chat_template`
@@ -119,21 +135,59 @@ impl ChatTemplate {
                 _ => bail!("{}: chat_template is neither a string nor a list", config_path.display()),
             }
         };
-        Self::new(&source, &token("bos_token"), &token("eos_token")).map(Some)
+        let mut t = Self::new(&source, &token("bos_token"), &token("eos_token"))?;
+        for name in ["unk_token", "pad_token"] {
+            if !config[name].is_null() {
+                t.extra_tokens.push((name, token(name)));
+            }
+        }
+        Ok(Some(t))
     }
 
     /// The conversation as the model's prompt text. A template that raises (e.g. roles
     /// that do not alternate) or runs out of fuel is an error with its message.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> anyhow::Result<String> {
         let template = self.env.get_template("chat").map_err(|e| anyhow::anyhow!("chat template: {e}"))?;
+        let extra: std::collections::BTreeMap<&str, Value> =
+            self.extra_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))).collect();
         template
             .render(context! {
                 messages => messages_value(messages),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
+                tools => Value::from(()),
+                documents => Value::from(()),
+                ..Value::from(extra)
             })
             .map_err(|e| anyhow::anyhow!("the chat template failed: {}", e.detail().unwrap_or(&e.to_string())))
+    }
+}
+
+/// HF's `strftime_now(format)`: the local time formatted by C's `strftime`.
+fn strftime_now(format: String) -> Result<String, Error> {
+    #[cfg(unix)]
+    {
+        let fmt = std::ffi::CString::new(format)
+            .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime_now: a NUL in the format"))?;
+        // SAFETY: `time` with a null pointer only returns the time; `localtime_r` writes
+        // the zeroed `tm` we own; `strftime` writes at most `buf.len()` bytes into `buf`
+        // from a NUL-terminated format, returning how many (0 if they did not fit).
+        unsafe {
+            let now = libc::time(std::ptr::null_mut());
+            let mut tm: libc::tm = std::mem::zeroed();
+            if libc::localtime_r(&now, &mut tm).is_null() {
+                return Err(Error::new(ErrorKind::InvalidOperation, "strftime_now: no local time"));
+            }
+            let mut buf = [0u8; 512];
+            let n = libc::strftime(buf.as_mut_ptr().cast(), buf.len(), fmt.as_ptr(), &tm);
+            Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = format;
+        Err(Error::new(ErrorKind::InvalidOperation, "strftime_now is not available on this platform"))
     }
 }
 

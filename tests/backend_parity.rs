@@ -472,14 +472,17 @@ fn quantized_linear_matches_block_arithmetic() {
                 let bs = bytes.len() / (n_out * nb);
                 for r in 0..t {
                     for blk in 0..nb {
-                        // The quantizer: d = f16(amax / 127), q = round(x / d) within ±127.
+                        // The quantizer, llama.cpp's: d = amax / 127, q = roundf(x · (1/d))
+                        // (half away from zero), stored d = f16(d), s = f16(d · Σq).
                         let xs = &x.data[r * n_in + blk * QK..r * n_in + (blk + 1) * QK];
                         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        assert_eq!(q8.d[r * nb + blk], half::f16::from_f32(amax / 127.0).to_f32());
-                        for (i, &v) in xs.iter().enumerate() {
-                            let want = if amax == 0.0 { 0.0 } else { (v * (127.0 / amax)).round() };
-                            assert!((q8.q[r * n_in + blk * QK + i] as f32 - want).abs() <= 1.0, "quantizer");
-                        }
+                        let d = amax / 127.0;
+                        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                        let want_q: Vec<i8> = xs.iter().map(|&v| (v * id).round() as i8).collect();
+                        assert_eq!(&q8.q[r * n_in + blk * QK..r * n_in + (blk + 1) * QK], &want_q[..], "quantizer q");
+                        assert_eq!(q8.d[r * nb + blk], half::f16::from_f32(d).to_f32(), "quantizer d");
+                        let sum: i32 = want_q.iter().map(|&q| q as i32).sum();
+                        assert_eq!(q8.s[r * nb + blk], half::f16::from_f32(d * sum as f32).to_f32(), "quantizer s");
                     }
                     for j in 0..n_out {
                         let (mut want, mut size) = (0f64, 0f64);
@@ -510,6 +513,11 @@ fn quantized_linear_matches_block_arithmetic() {
                         );
                     }
                 }
+                // A NaN or infinite activation makes its outputs non-finite (never hidden).
+                let mut bad = x.clone();
+                bad.data[0] = if n_out % 2 == 0 { f32::NAN } else { f32::INFINITY };
+                let out = b.read(&b.linear(&b.upload(&bad), &w, None)).unwrap();
+                assert!(out.row(0).iter().all(|v| !v.is_finite()), "{ty:?}: {:?}", &out.row(0)[..n_out.min(4)]);
                 // The embedding lookup of a quantized table is gguf-py's dequantization.
                 let ids: Vec<u32> = (0..n_out as u32).rev().collect();
                 let rows = b.read(&b.embed(&w, &ids)).unwrap();

@@ -75,10 +75,33 @@ fn the_template_comes_from_the_gguf() {
 fn bad_templates_are_errors() {
     let err = ChatTemplate::new("{% for m in messages %}", "", "").unwrap_err();
     assert!(format!("{err:#}").contains("does not compile"), "{err:#}");
-    let t = ChatTemplate::new("{% for i in range(1000000000) %}{{ i }}{% endfor %}", "", "").unwrap();
+    // 10^10 steps (each range within minijinja's 100000 cap): only fuel stops it.
+    let t = ChatTemplate::new(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
     let start = std::time::Instant::now();
     assert!(t.render(&[Message::new("user", "hi")], true).is_err());
     assert!(start.elapsed().as_secs() < 30, "fuel must stop it");
-    let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
+    let t = ChatTemplate::new("{{ no_such_function('%Y') }}", "", "").unwrap();
     assert!(t.render(&[], true).is_err());
+    let t = ChatTemplate::new("{{ raise_exception('no system role') }}", "", "").unwrap();
+    assert!(format!("{:#}", t.render(&[], true).unwrap_err()).contains("no system role"));
+}
+
+/// What HF's `apply_chat_template` passes besides the messages: `tools` and `documents`
+/// are none, `strftime_now` formats the local date.
+#[test]
+fn the_context_has_what_hf_passes() {
+    let t = ChatTemplate::new(
+        "{% if tools is not none %}tools{% endif %}{% if documents is none %}no documents{% endif %} {{ strftime_now('%Y') }}",
+        "",
+        "",
+    )
+    .unwrap();
+    let out = t.render(&[], false).unwrap();
+    assert!(out.starts_with("no documents 20"), "{out}");
+    assert_eq!(out.len(), "no documents 2026".len(), "{out}");
 }

@@ -262,6 +262,11 @@ fn smollm2_matches_hf_logits_and_greedy_ids() {
         assert!(logits.max_abs <= 2e-4, "smollm2 {name}: max |Δlogit| {:.2e}", logits.max_abs);
         eprintln!("smollm2 {name}: max |Δlogit| {:.2e}, max rel {:.2e}", logits.max_abs, logits.max_rel);
     }
+    // The default path (Q4_1 blocks, 8-bit activations) keeps HF's argmax at every position.
+    let quantized = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &model).unwrap();
+    let v = run_verify(&quantized, &reference, batch_forge::verify::tolerance::Q8_ACTIVATIONS);
+    assert_passes("smollm2 cpu quantized", &v, reference.prompts.len());
+    eprintln!("smollm2 cpu quantized: max |Δlogit| {:.2e}", v.stages.last().unwrap().max_abs);
     // Greedy ids, EOS ignored: HF's continuation of each prompt.
     for (i, p) in reference.prompts.iter().enumerate() {
         let want: Vec<u32> =
@@ -453,4 +458,61 @@ fn perplexity_equals_llama_cpp() {
     let err = format!("{:#}", e.perplexity(&tokens[..60], 32, None, |_| Ok(())).unwrap_err());
     assert!(err.contains("needs at least 64"), "{err}");
     assert!(e.perplexity(&tokens, 4096, None, |_| Ok(())).is_err());
+}
+
+/// A chat template that does not compile leaves the model usable for plain generation;
+/// only chat says why. A folder's `chat_template.jinja` is found.
+#[test]
+fn a_broken_chat_template_only_stops_chat() {
+    let (_tmp, dir) = fixture_copy("tiny-llama");
+    let config_path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = Value::from("{% for m in messages %}");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let e = Engine::load(ReferenceBackend, &dir).unwrap();
+    assert_eq!(e.generate(&[5, 6], &GenerateParams::greedy(3), |_| Ok(())).unwrap().generated_ids.len(), 3);
+    let err = format!("{:#}", e.chat_prompt_ids(&[batch_forge::chat::Message::new("user", "hi")]).unwrap_err());
+    assert!(err.contains("cannot be used") && err.contains("does not compile"), "{err}");
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
+    let e = Engine::load(ReferenceBackend, &dir).unwrap();
+    let ids = e.chat_prompt_ids(&[batch_forge::chat::Message::new("user", "Hello")]).unwrap();
+    assert_eq!(ids[0], 0, "<|endoftext|> is the BOS token here");
+    assert_eq!(&ids[1..], &e.tokenizer.encode("Hello")[..]);
+}
+
+/// A Llama GGUF corrupted anywhere in its metadata or tensor table (one byte at a time),
+/// or cut short: loading is an error or a valid model, never a panic; a model that loads
+/// runs a forward pass (as far as its own checks allow) without panicking either.
+#[test]
+fn hostile_llama_gguf_files_are_errors() {
+    use batch_forge::loaders::gguf::GgufFile;
+    let bytes = std::fs::read(fixture("tiny-llama").join("tiny-llama.q4_0.gguf")).unwrap();
+    let data_start = GgufFile::from_bytes("t", bytes.clone()).unwrap().header().data_start as usize;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let try_load = |b: &[u8]| {
+        std::fs::write(&path, b).unwrap();
+        if let Ok(e) = Engine::load(ReferenceBackend, &path) {
+            let _ = e.generate(&[1, 2], &GenerateParams::greedy(2), |_| Ok(()));
+        }
+    };
+    let positions = (0..1024.min(data_start)).chain(data_start.saturating_sub(1300)..data_start);
+    let mut loaded = 0;
+    for i in positions {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= flip;
+            try_load(&b);
+            loaded += 1;
+        }
+    }
+    for n in [0, 4, 100, data_start - 1, data_start + 10, bytes.len() - 1] {
+        std::fs::write(&path, &bytes[..n]).unwrap();
+        assert!(Engine::load(ReferenceBackend, &path).is_err(), "a {n}-byte prefix loaded");
+    }
+    assert!(loaded > 3000);
 }

@@ -256,6 +256,18 @@ impl HostMatrix {
     }
 }
 
+/// `n` zeros, or an error naming the KV cache's size when memory cannot be had (a
+/// context from a file can ask for more than the machine holds: an error, not an abort).
+pub fn kv_zeros<T: Copy>(n: usize, zero: T, n_layer: usize) -> anyhow::Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        let gib = (n as f64) * (std::mem::size_of::<T>() as f64) * 2.0 * n_layer as f64 / (1u64 << 30) as f64;
+        anyhow::anyhow!("cannot allocate a KV cache of {gib:.1} GiB; use a smaller context (-c)")
+    })?;
+    v.resize(n, zero);
+    Ok(v)
+}
+
 /// A quantized `[n_out, n_in]` matrix decoded to f32 (bit-exact to gguf-py) and loaded
 /// with [`Backend::load_matrix`].
 pub fn dequantized_matrix<B: Backend + ?Sized>(

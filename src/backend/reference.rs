@@ -92,7 +92,10 @@ impl Backend for ReferenceBackend {
 
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
         let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
-        Ok(RefKvCache { capacity, width, layers: (0..n_layer).map(|_| (vec![0.0; n], vec![0.0; n])).collect() })
+        let layers = (0..n_layer)
+            .map(|_| Ok((super::kv_zeros(n, 0.0, n_layer)?, super::kv_zeros(n, 0.0, n_layer)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(RefKvCache { capacity, width, layers })
     }
 
     fn upload(&self, m: &HostMatrix) -> HostMatrix {
@@ -171,6 +174,9 @@ impl Backend for ReferenceBackend {
 
     fn rms_norm(&self, x: &HostMatrix, gain: &Vec<f32>, eps: f32) -> HostMatrix {
         let mut out = x.clone();
+        if x.cols == 0 {
+            return out;
+        }
         out.data.par_chunks_mut(x.cols).for_each(|row| {
             let mean_sq = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / row.len() as f64;
             let inv_rms = 1.0 / (mean_sq + eps as f64).sqrt();

@@ -57,6 +57,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     let path = super::model_dir(&args.model, true, "chat")?;
     let engine = Engine::load(backend, &path)?;
+    if let Some(e) = &engine.chat_template_error {
+        anyhow::bail!("{}: the chat template cannot be used: {e}", args.model);
+    }
     anyhow::ensure!(
         engine.chat_template.is_some(),
         "{} has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json); \

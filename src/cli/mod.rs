@@ -266,22 +266,27 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
 /// Options whose next argument is a value (so `-p -fa` is a prompt, not a flag).
 const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt"];
 
-/// The "not supported" error for the first llama.cpp-only flag in `args` (the
-/// arguments after the program name), for `generate` and `bench`. `-r` means
-/// repetitions in `bench` (llama-bench's), so it is only refused for `generate`.
 /// llama.cpp's multi-letter single-dash names that forge has under a long name.
 pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt")];
 
 /// The command line with llama.cpp's aliases ([`ALIASES`]) spelled as forge's long names.
 pub fn expand_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut value_next = false;
     args.into_iter()
-        .map(|a| match ALIASES.iter().find(|(from, _)| a.to_str() == Some(from)) {
-            Some((_, to)) => (*to).into(),
-            None => a,
+        .map(|a| {
+            let s = a.to_str().unwrap_or("");
+            let is_value = std::mem::replace(&mut value_next, TAKES_VALUE.contains(&s));
+            match ALIASES.iter().find(|(from, _)| s == *from) {
+                Some((_, to)) if !is_value => (*to).into(),
+                _ => a,
+            }
         })
         .collect()
 }
 
+/// The "not supported" error for the first llama.cpp-only flag in `args` (the
+/// arguments after the program name), for `generate` and `bench`. `-r` means
+/// repetitions in `bench` (llama-bench's), so it is only refused for `generate`.
 pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
     let command = args.first()?.to_str()?;
     if !matches!(command, "generate" | "bench" | "chat") {

@@ -23,8 +23,10 @@ pub struct Engine<B: Backend> {
     /// Any architecture: the engine only uses [`CausalLm`].
     pub model: Box<dyn CausalLm<B>>,
     pub tokenizer: Tokenizer,
-    /// The model's chat template, if its files carry one.
+    /// The model's chat template, if its files carry one that compiles.
     pub chat_template: Option<ChatTemplate>,
+    /// Why the files' template could not be used, if they carry a broken one.
+    pub chat_template_error: Option<String>,
     /// Tokens that end generation ([`crate::model::load::Loaded::end_of_generation`]).
     pub end_of_generation: Vec<u32>,
 }
@@ -221,6 +223,7 @@ impl<B: Backend> Engine<B> {
             model: l.model,
             tokenizer: l.tokenizer,
             chat_template: l.chat_template,
+            chat_template_error: l.chat_template_error,
             end_of_generation: l.end_of_generation,
         })
     }
@@ -254,9 +257,13 @@ impl<B: Backend> Engine<B> {
     /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
     /// added (the template writes any BOS itself).
     pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
-        let template = self.chat_template.as_ref().ok_or_else(|| {
-            anyhow::anyhow!("this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)")
-        })?;
+        let template = match (&self.chat_template, &self.chat_template_error) {
+            (Some(t), _) => t,
+            (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
+            (None, None) => bail!(
+                "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
+            ),
+        };
         Ok(self.tokenizer.encode(&template.render(messages, true)?))
     }
 

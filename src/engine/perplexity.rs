@@ -72,6 +72,7 @@ impl<B: Backend> Engine<B> {
             tokens.len(),
             2 * n_ctx
         );
+        ensure!(max_windows != Some(0), "score at least one window");
         let n = max_windows.map_or(n, |m| m.min(n));
         let bos = self.tokenizer.bos_to_add();
         let first = n_ctx / 2;

@@ -1,5 +1,5 @@
-//! Llama (Touvron et al., 2023) and its family (SmolLM2, TinyLlama, …), written once over
-//! the [`Backend`] interface.
+//! Llama (Touvron et al., 2023) and its family (SmolLM2, …), written once over the
+//! [`Backend`] interface.
 //!
 //! ```text
 //! x = embed_tokens[tokens]                                   // (T, C)
@@ -16,7 +16,7 @@
 //! RoPE rotating halves of each head) and GGUF files (`blk.N.…`; llama.cpp's converter
 //! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`].
 
-use anyhow::{Context, ensure};
+use anyhow::{Context, bail, ensure};
 
 use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
@@ -94,6 +94,9 @@ impl<B: Backend> Llama<B> {
             }),
         };
         backend.supports(&spec)?;
+        if weights.get("rope_freqs.weight")?.is_some() {
+            bail!("the file has rope_freqs.weight (Llama 3.1-style RoPE scaling), which is not supported");
+        }
         let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (qw, kw) = (spec.q_width(), spec.kv_width());
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);

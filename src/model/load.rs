@@ -25,8 +25,11 @@ pub fn is_gguf(path: &Path) -> bool {
 pub struct Loaded<B: Backend> {
     pub model: Box<dyn CausalLm<B>>,
     pub tokenizer: Tokenizer,
-    /// The model's chat template, if its files carry one.
+    /// The model's chat template, if its files carry one that compiles.
     pub chat_template: Option<ChatTemplate>,
+    /// Why the files' chat template is unusable (it does not compile): the model still
+    /// loads and generates; only chat needs the template.
+    pub chat_template_error: Option<String>,
     /// Tokens that end generation: the model's EOS ids, and (as llama.cpp does) the
     /// end-of-turn tokens its vocabulary names (`<|im_end|>`, `<|eot_id|>`, …).
     pub end_of_generation: Vec<u32>,
@@ -67,7 +70,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
         ),
     };
     let tokenizer = Tokenizer::from_dir(path)?;
-    let chat_template = ChatTemplate::from_dir(path)?;
+    let chat_template = ChatTemplate::from_dir(path).with_context(|| format!("{}: chat template", path.display()));
     finish(model, tokenizer, chat_template, &[])
 }
 
@@ -84,7 +87,7 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
     }
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
-        .with_context(|| format!("{}: tokenizer.chat_template", path.display()))?;
+        .with_context(|| format!("{}: tokenizer.chat_template", path.display()));
     let token_id = |key: &str| {
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };
@@ -110,9 +113,13 @@ const END_OF_TURN_TEXTS: [&str; 8] =
 fn finish<B: Backend>(
     model: Box<dyn CausalLm<B>>,
     tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
+    chat_template: anyhow::Result<Option<ChatTemplate>>,
     extra_eog: &[u32],
 ) -> anyhow::Result<Loaded<B>> {
+    let (chat_template, chat_template_error) = match chat_template {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
     check_vocab(&tokenizer, model.as_ref())?;
     let mut end_of_generation = model.info().eos_token_ids.clone();
     let named = END_OF_TURN_TEXTS.iter().filter_map(|t| tokenizer.special_id(t));
@@ -121,7 +128,7 @@ fn finish<B: Backend>(
             end_of_generation.push(id);
         }
     }
-    Ok(Loaded { model, tokenizer, chat_template, end_of_generation })
+    Ok(Loaded { model, tokenizer, chat_template, chat_template_error, end_of_generation })
 }
 
 fn check_vocab<B: Backend>(tokenizer: &Tokenizer, model: &dyn CausalLm<B>) -> anyhow::Result<()> {

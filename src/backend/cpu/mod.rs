@@ -11,6 +11,7 @@
 pub mod matmul;
 pub mod qmatmul;
 pub mod simd;
+pub mod team;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
@@ -342,8 +343,15 @@ impl Backend for CpuBackend {
 
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<CpuKvCache> {
         let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
-        let store = || if self.opts.kv_f16 { KvStore::F16(vec![f16::ZERO; n]) } else { KvStore::F32(vec![0.0; n]) };
-        Ok(CpuKvCache { capacity, width, layers: (0..n_layer).map(|_| (store(), store())).collect() })
+        let store = || -> anyhow::Result<KvStore> {
+            Ok(if self.opts.kv_f16 {
+                KvStore::F16(super::kv_zeros(n, f16::ZERO, n_layer)?)
+            } else {
+                KvStore::F32(super::kv_zeros(n, 0.0, n_layer)?)
+            })
+        };
+        let layers = (0..n_layer).map(|_| Ok((store()?, store()?))).collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(CpuKvCache { capacity, width, layers })
     }
 
     fn upload(&self, m: &HostMatrix) -> CpuAct {
@@ -411,6 +419,9 @@ impl Backend for CpuBackend {
     fn rms_norm(&self, x: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
         let cols = x.cols;
         let mut out = self.take(x.rows, cols);
+        if cols == 0 {
+            return out;
+        }
         let one = |(xr, or): (&[f32], &mut [f32])| simd::rms_norm(xr, gain, eps, or);
         if x.rows > 1 {
             x.par_chunks(cols).zip(out.par_chunks_mut(cols)).for_each(one);
@@ -424,6 +435,9 @@ impl Backend for CpuBackend {
         assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
         let cols = x.cols;
         let mut out = self.take(x.rows, cols);
+        if cols == 0 {
+            return out;
+        }
         let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
             for (a, b) in xr.iter_mut().zip(yr) {
                 *a += b;

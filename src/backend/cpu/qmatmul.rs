@@ -215,7 +215,9 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     out.q.resize(rows * n, 0);
     type Block<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut f32, &'a mut f32));
     let one = |((xb, qb), (d, s)): Block| {
-        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
+        // too and the engine's non-finite check sees it (f32::max would skip a NaN).
+        let amax = xb.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
         let dv = amax / 127.0;
         let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
         let mut sum = 0i32;
@@ -246,11 +248,29 @@ const ROWS_PER_TASK: usize = 16;
 /// `out[t][j] = Σ_k W[j][k] · x[t][k]` for `t < xq rows`, `j < n_out`: (T, n_out).
 pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32]) {
     let n_out = w.n_out;
-    debug_assert_eq!(xq.blocks_per_row * QK, w.n_in);
-    debug_assert_eq!(out.len(), t_rows * n_out);
+    assert_eq!(xq.blocks_per_row * QK, w.n_in, "qmatmul: activation width");
+    assert!(out.len() == t_rows * n_out && xq.q.len() >= t_rows * w.n_in, "qmatmul: output or activation rows");
     // Tasks own output columns (rows of W), so a task writes the strided columns of `out`
     // for every token through a raw pointer.
     let out_ptr = OutPtr(out.as_mut_ptr());
+    if t_rows == 1 {
+        // Decode: contiguous runs of row groups per thread, on the spinning team.
+        let n_groups = n_out.div_ceil(GROUP);
+        let threads = rayon::current_num_threads();
+        let part = |p: usize| {
+            let mut sums = [0f32; 4];
+            for g in n_groups * p / threads..n_groups * (p + 1) / threads {
+                gemv4(isa, w, g, xq, &mut sums);
+                for (i, &v) in sums.iter().enumerate().take(n_out - g * GROUP) {
+                    // SAFETY: (0, 4g + i) is inside the output; group g belongs to part p alone.
+                    unsafe { out_ptr.write(g * GROUP + i, v) };
+                }
+            }
+        };
+        if n_groups >= threads && super::team::run(threads, &part) {
+            return;
+        }
+    }
     let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
     let task = |task: usize| {
         let j0 = task * ROWS_PER_TASK;
@@ -336,13 +356,15 @@ fn dot_rows(isa: Isa, row: RowRef, xq: &Q8Rows, t: usize, n: usize, sums: &mut [
     let nb = xq.blocks_per_row;
     let n_in = nb * QK;
     let ty = row.ty;
-    assert!(n <= 4 && (t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()));
+    assert!((1..=4).contains(&n) && (t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()));
     assert!(row.qs.len() >= nb * GROUP * ty.quant_bytes() && row.dm.len() >= nb * GROUP * ty.scales());
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         let x = xq.q[t * n_in..].as_ptr();
         let (d, s) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr());
-        let (q, dm) = (row.block(0).0.as_ptr(), row.block(0).1.as_ptr());
+        // Pointers from the whole group (not block 0's slice), so reading every GROUP-th
+        // block stays inside the borrow they come from.
+        let (q, dm) = (row.qs[row.r * ty.quant_bytes()..].as_ptr(), row.dm[row.r * ty.scales()..].as_ptr());
         // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c; the
         // asserts above keep every block of the row (stride GROUP blocks from block 0)
         // and of activation rows t..t+n in bounds.
@@ -415,10 +437,12 @@ mod x86 {
 
     /// The 32 weights of a block as bytes, from its quants `q`: i8 for Q8_0 and Q4_0
     /// (nibble − 8), u8 nibbles for Q4_1.
+    /// # Safety
+    /// AVX2 is available and `q` points at a whole block's quants.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn weights(ty: QType, q: *const u8) -> __m256i {
-        // SAFETY: `q` points at a whole block's quants (the caller's contract).
+    unsafe fn weights(ty: QType, q: *const u8) -> __m256i {
+        // SAFETY: the caller's contract.
         unsafe {
             match ty {
                 QType::Q8_0 => _mm256_loadu_si256(q as *const __m256i),

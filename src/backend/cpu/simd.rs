@@ -261,8 +261,11 @@ pub(crate) mod x86 {
 
     /// `out = gate / (1 + exp(-gate)) · up`, 8 lanes at a time (exp clamps its input, so
     /// huge gates stay finite: silu(-1e30) = -0, silu(1e30) = 1e30).
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available; `gate`, `up` and `out` have the same length.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    pub(crate) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let one = _mm256_set1_ps(1.0);
         let n8 = out.len() / 8 * 8;
         for i in (0..n8).step_by(8) {
