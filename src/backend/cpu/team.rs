@@ -141,13 +141,18 @@ pub fn run(n_parts: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     if *shared.parked.lock().unwrap_or_else(|p| p.into_inner()) > 0 {
         shared.wake.notify_all();
     }
-    f(0);
+    // Part 0 here; a panic in it waits for the helpers (they borrow `f`) before unwinding.
+    let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0)));
     while shared.done.load(Ordering::Acquire) < team.helpers {
         std::hint::spin_loop();
     }
     *shared.job.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    let helper_panicked = shared.panicked.swap(false, Ordering::AcqRel);
     team.busy.store(false, Ordering::Release);
-    if shared.panicked.swap(false, Ordering::AcqRel) {
+    if let Err(payload) = mine {
+        std::panic::resume_unwind(payload);
+    }
+    if helper_panicked {
         panic!("a part of a team job panicked on a helper thread");
     }
     true
