@@ -113,7 +113,7 @@ fn forward_misuse_is_an_error_on_the_gpu_backend() {
 /// instead of dividing by zero or indexing an empty block list.
 #[test]
 fn invalid_configs_are_refused_by_the_model_too() {
-    let store = WeightStore::open_dir(&fixture("tiny-gpt2")).unwrap();
+    let weights = batch_forge::loaders::Weights::Safetensors(WeightStore::open_dir(&fixture("tiny-gpt2")).unwrap());
     let good = Gpt2Config::from_file(&fixture("tiny-gpt2").join("config.json")).unwrap();
     for (what, bad) in [
         ("n_layer 0", Gpt2Config { n_layer: 0, ..good.clone() }),
@@ -122,12 +122,12 @@ fn invalid_configs_are_refused_by_the_model_too() {
         ("eos outside", Gpt2Config { eos_token_id: 60000, ..good.clone() }),
         ("huge", Gpt2Config { n_layer: 1 << 24, n_embd: 1 << 24, n_inner: 1 << 24, ..good.clone() }),
     ] {
-        let r = Gpt2::load(&ReferenceBackend, bad.clone(), &store);
+        let r = Gpt2::load(&ReferenceBackend, bad.clone(), &weights);
         let err = r.err().unwrap_or_else(|| panic!("{what} accepted")).to_string();
         assert!(err.contains("invalid GPT-2 config"), "{what}: {err}");
-        assert!(CpuBackend::new(CpuOptions::default()).is_ok_and(|b| Gpt2::load(&b, bad, &store).is_err()));
+        assert!(CpuBackend::new(CpuOptions::default()).is_ok_and(|b| Gpt2::load(&b, bad, &weights).is_err()));
     }
-    assert!(Gpt2::load(&ReferenceBackend, good, &store).is_ok());
+    assert!(Gpt2::load(&ReferenceBackend, good, &weights).is_ok());
 }
 
 fn tokenizer_json_with(added: &str) -> String {

@@ -404,24 +404,33 @@ fn smollm2_chats() {
     assert!(cached[0].contains("(0 cached)") && !cached[1].contains("(0 cached)"), "{err}");
 }
 
-/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks and quantizes activations to 8 bits
-/// (llama.cpp's arithmetic): within a few percent of HF's f32 run at every stage.
+/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks (other block types re-quantized to
+/// Q8_0) and quantizes activations to 8 bits (llama.cpp's arithmetic): within a few
+/// percent of HF's f32 run at every stage.
 #[test]
 fn quantized_path_stays_close_to_hf() {
+    // (checkpoint, type, tolerance). The random tiny models' spiky activations make 8-bit
+    // blocks coarse (measured up to 9.3e-2 with the native kernels; 2.3e-1 for tiny-llama-k,
+    // whose 256-wide rows hold larger outliers). The kernels' own precision is bounded at
+    // 1e-5 in tests/backend_parity.rs; this checks the wiring.
     let files = [
-        ("tiny-llama", "q8_0"),
-        ("tiny-llama", "q4_0"),
-        ("tiny-llama", "q4_1"),
-        ("tiny-llama-untied", "q8_0"),
-        ("tiny-llama-untied", "q4_1"),
+        ("tiny-llama", "q8_0", 0.15),
+        ("tiny-llama", "q4_0", 0.15),
+        ("tiny-llama", "q4_1", 0.15),
+        ("tiny-llama-untied", "q8_0", 0.15),
+        ("tiny-llama-untied", "q4_1", 0.15),
+        // No kernel of their own: decoded and re-quantized to Q8_0 blocks at load.
+        ("tiny-llama", "q5_0", 0.15),
+        ("tiny-llama-k", "q4_k", 0.3),
+        ("tiny-llama-k", "q6_k", 0.3),
     ];
-    for (name, t) in files {
+    for (name, t, tol) in files {
         let dir = fixture(name);
         let reference = Reference::open(&dir.join(format!("verify.{t}.safetensors"))).unwrap();
         for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
             let opts = CpuOptions { isa, ..CpuOptions::default() };
             let e = Engine::load(CpuBackend::new(opts).unwrap(), &dir.join(format!("{name}.{t}.gguf"))).unwrap();
-            let v = run_verify(&e, &reference, 0.15);
+            let v = run_verify(&e, &reference, tol);
             assert!(v.first_failure().is_none(), "{name}.{t} {}: {:?}", isa.name(), v.first_failure());
             // Not the f32 path: the activations really are quantized.
             assert!(v.stages.iter().any(|s| s.max_rel > 1e-3), "{name}.{t}: {:?}", v.stages);
@@ -515,4 +524,36 @@ fn hostile_llama_gguf_files_are_errors() {
         assert!(Engine::load(ReferenceBackend, &path).is_err(), "a {n}-byte prefix loaded");
     }
     assert!(loaded > 3000);
+}
+
+/// GPT-2 from a GGUF that llama.cpp's converter and quantizer wrote (the `tiny-gpt2`
+/// fixture at Q8_0): the same model as HF's safetensors up to the Q8_0 rounding of its
+/// weights (HF's own dump at a Q8_0 tolerance, on the reference and the `--dtype f32`
+/// cpu paths; HF's argmax where its margin exceeds that rounding), and llama-perplexity's
+/// number through the default quantized path.
+#[test]
+fn gpt2_from_gguf() {
+    let model = fixture("tiny-gpt2").join("tiny-gpt2.q8_0.gguf");
+    let reference = Reference::open(&fixture("tiny-gpt2").join("verify.safetensors")).unwrap();
+    for e in [
+        Engine::load(ReferenceBackend, &model).map(|e| run_verify(&e, &reference, 5e-2)),
+        Engine::load(CpuBackend::new(f32_weights(CpuOptions::default().isa)).unwrap(), &model)
+            .map(|e| run_verify(&e, &reference, 5e-2)),
+    ] {
+        let v = e.unwrap();
+        assert!(v.first_failure().is_none(), "{:?}", v.first_failure());
+        assert_eq!(v.tokens_equal, reference.prompts.len());
+        // Rounded weights move the logits (measured max rel 2.1e-2), but not to nothing.
+        assert!(v.stages.last().unwrap().max_rel > 1e-3);
+    }
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(fixture("perplexity.json")).unwrap()).unwrap();
+    let text = fixture("perplexity.txt");
+    let o = forge(&["perplexity", "-m", model.to_str().unwrap(), "-f", text.to_str().unwrap(), "-c", "32"], None);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.starts_with("Final estimate: PPL = ")).unwrap_or_else(|| panic!("{out}"));
+    let ppl: f64 = line.trim_start_matches("Final estimate: PPL = ").split(' ').next().unwrap().parse().unwrap();
+    let llama = want["gpt2"]["ppl"].as_f64().unwrap();
+    assert!((ppl / llama - 1.0).abs() < 5e-3, "{ppl} vs llama.cpp {llama}");
+    let o = forge(&["generate", "-m", model.to_str().unwrap(), "-p", "Hello", "-n", "4", "--temp", "0"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

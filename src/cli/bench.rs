@@ -15,7 +15,7 @@ use batch_forge::backend::cpu::simd;
 use batch_forge::backend::{Backend, SeqSlice};
 use batch_forge::engine::sampler::Rng;
 use batch_forge::engine::{SamplingParams, TokenPicker};
-use batch_forge::loaders::{Gpt2Config, WeightStore};
+use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows, load_model};
 
@@ -118,7 +118,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let config = super::random_model::preset(name)?;
             let store = WeightStore::from_bytes(&format!("random {name}"), random_checkpoint(&config, 0))?;
             let stored = super::stored_dtype(&store);
-            (format!("{name} (random)"), Source::Random(config, store), stored)
+            (format!("{name} (random)"), Source::Random(config, Box::new(Weights::Safetensors(store))), stored)
         }
         (None, model) => {
             let model = model.as_deref().unwrap_or(batch_forge::loaders::DEFAULT_MODEL);
@@ -158,7 +158,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
 }
 
-/// For a GGUF with block-quantized matrices the cpu backend keeps (Q8_0, Q4_0, Q4_1): the
+/// For a GGUF with block-quantized matrices (which the cpu backend keeps quantized): the
 /// type holding most of its bytes (`q4_1`) and the bytes of all its tensors.
 pub(super) fn quantized_summary(path: &std::path::Path) -> anyhow::Result<Option<(String, usize)>> {
     use batch_forge::loaders::gguf::{GgmlType, GgufFile};
@@ -174,17 +174,19 @@ pub(super) fn quantized_summary(path: &std::path::Path) -> anyhow::Result<Option
         }
     }
     let total: u64 = by_type.iter().map(|(_, n)| n).sum();
-    let kept = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+    // Every block type runs quantized on the cpu backend (Q8_0/Q4_0/Q4_1 as they are, the
+    // others re-quantized to Q8_0).
+    let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
     Ok(by_type
         .iter()
-        .filter(|(ty, _)| kept.contains(ty))
+        .filter(|(ty, _)| !float.contains(ty))
         .max_by_key(|(_, n)| *n)
         .map(|(ty, _)| (ty.name().to_ascii_lowercase(), total as usize)))
 }
 
 /// The model to measure: random GPT-2 weights in memory, or a folder or GGUF file.
 enum Source {
-    Random(Gpt2Config, WeightStore),
+    Random(Gpt2Config, Box<Weights>),
     Path(std::path::PathBuf),
 }
 
@@ -335,7 +337,7 @@ impl Printer {
 
 fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &Source) -> anyhow::Result<()> {
     let model: Box<dyn CausalLm<B>> = match source {
-        Source::Random(config, store) => Box::new(Gpt2::load(&backend, config.clone(), store)?),
+        Source::Random(config, weights) => Box::new(Gpt2::load(&backend, config.clone(), weights)?),
         Source::Path(path) => load_model(&backend, path)?.model,
     };
     let n_params = model.info().n_params;

@@ -90,6 +90,48 @@ impl Gpt2Config {
         Ok(c)
     }
 
+    /// A GGUF file of `general.architecture` `gpt2`, as llama.cpp's converter writes it.
+    pub fn from_gguf(f: &super::gguf::GgufFile) -> Result<Self, String> {
+        let num = |key: &str| -> Result<usize, String> {
+            let full = format!("gpt2.{key}");
+            let v = f.get(&full).ok_or_else(|| format!("metadata {full} is missing"))?;
+            let n = v.as_u64().ok_or_else(|| format!("metadata {full} is a {}, not an integer", v.type_name()))?;
+            usize::try_from(n).map_err(|_| format!("metadata {full} = {n} is too large"))
+        };
+        let token = |key: &str| -> Result<u32, String> {
+            match f.get(&format!("tokenizer.ggml.{key}")) {
+                None => Ok(50256),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| format!("metadata tokenizer.ggml.{key} is not a token id")),
+            }
+        };
+        let vocab_size = match f.get("gpt2.vocab_size") {
+            Some(_) => num("vocab_size")?,
+            None => f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, |a| a.len()),
+        };
+        let eps = f
+            .get("gpt2.attention.layer_norm_epsilon")
+            .map(|v| v.as_f64().ok_or("metadata gpt2.attention.layer_norm_epsilon is not a number"))
+            .transpose()?
+            .unwrap_or(1e-5) as f32;
+        let c = Gpt2Config {
+            vocab_size,
+            n_positions: num("context_length")?,
+            n_embd: num("embedding_length")?,
+            n_layer: num("block_count")?,
+            n_head: num("attention.head_count")?,
+            n_inner: num("feed_forward_length")?,
+            layer_norm_epsilon: eps,
+            scale_attn_by_inverse_layer_idx: false,
+            bos_token_id: token("bos_token_id")?,
+            eos_token_id: token("eos_token_id")?,
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Every rule a config must meet before a model is built from it; the loader and
     /// [`crate::model::Gpt2::load`] both call it, so a config assembled in code is held
     /// to the same rules as one read from a file.

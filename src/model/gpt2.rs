@@ -18,8 +18,8 @@
 use anyhow::{Context, ensure};
 
 use crate::backend::{AttentionSpec, Backend, MatrixLayout};
-use crate::loaders::safetensors::TensorView;
-use crate::loaders::{Gpt2Config, WeightStore};
+use crate::loaders::Gpt2Config;
+use crate::loaders::checkpoint::{Tensor, TensorData, Weights, load_matrix};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, logit_rows};
 
 struct Block<B: Backend> {
@@ -41,45 +41,84 @@ pub struct Gpt2<B: Backend> {
     ln_f: (B::Vector, B::Vector),
 }
 
-/// Tensor lookup that accepts both naming schemes and checks shapes.
+/// Tensor lookup in HF's names (either prefix) or llama.cpp's GGUF names, with shapes
+/// checked. HF's Conv1D matrices are `[in, out]`; llama.cpp's converter transposes them to
+/// `[out, in]` rows, which is also what its quantized blocks need.
 struct Names<'a> {
-    store: &'a WeightStore,
+    weights: &'a Weights,
     prefix: &'static str,
+    gguf: bool,
 }
 
 impl<'a> Names<'a> {
-    fn get(&self, name: &str, shape: &[usize]) -> anyhow::Result<TensorView<'a>> {
-        let full = format!("{}{name}", self.prefix);
-        let t = self.store.get(&full).with_context(|| format!("tensor {full:?} is missing from the checkpoint"))?;
-        ensure!(t.shape == shape, "tensor {full:?} has shape {:?}, expected {shape:?} for this config", t.shape);
-        Ok(t)
+    /// The file's name for an HF-style name (`h.3.attn.c_attn.weight`).
+    fn name(&self, hf: &str) -> String {
+        if !self.gguf {
+            return format!("{}{hf}", self.prefix);
+        }
+        fn map(rest: &str) -> &str {
+            match rest {
+                "ln_1" => "attn_norm",
+                "attn.c_attn" => "attn_qkv",
+                "attn.c_proj" => "attn_output",
+                "ln_2" => "ffn_norm",
+                "mlp.c_fc" => "ffn_up",
+                "mlp.c_proj" => "ffn_down",
+                other => other,
+            }
+        }
+        let (stem, kind) = hf.rsplit_once('.').unwrap_or((hf, ""));
+        match stem {
+            "wte" => "token_embd.weight".to_owned(),
+            "wpe" => "position_embd.weight".to_owned(),
+            "ln_f" => format!("output_norm.{kind}"),
+            "lm_head" => "output.weight".to_owned(),
+            _ => match stem.strip_prefix("h.").and_then(|r| r.split_once('.')) {
+                Some((i, rest)) => format!("blk.{i}.{}.{kind}", map(rest)),
+                None => hf.to_owned(),
+            },
+        }
+    }
+
+    fn get(&self, hf: &str, shape: &[usize]) -> anyhow::Result<Tensor<'a>> {
+        self.weights.require(&self.name(hf), shape)
     }
 }
 
 impl<B: Backend> Gpt2<B> {
-    pub fn load(backend: &B, config: Gpt2Config, store: &WeightStore) -> anyhow::Result<Self> {
+    /// From HF's safetensors (either naming scheme) or a GGUF written by llama.cpp's converter.
+    pub fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> anyhow::Result<Self> {
         config.validate().map_err(|e| anyhow::anyhow!("invalid GPT-2 config: {e}"))?;
-        let prefix = if store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
-        let n = Names { store, prefix };
+        let gguf = matches!(weights, Weights::Gguf(_));
+        let prefix = if !gguf && weights.get("transformer.wte.weight")?.is_some() { "transformer." } else { "" };
+        let n = Names { weights, prefix, gguf };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
-        let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?);
-        let matrix = |name: &str, shape: [usize; 2], layout| backend.load_matrix(&n.get(name, &shape)?, layout);
+        let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?.to_float()?.view()?);
+        // A linear layer's weight: `[in, out]` Conv1D from HF, `[out, in]` rows from GGUF.
+        let weight = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<B::Matrix> {
+            if gguf {
+                load_matrix(backend, &n.get(name, &[n_out, n_in])?)
+            } else {
+                backend.load_matrix(&n.get(name, &[n_in, n_out])?.view()?, MatrixLayout::InOut)
+            }
+        };
+        let table = |name: &str, rows: usize| load_matrix(backend, &n.get(name, &[rows, c])?);
         let linear = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
-            Ok((
-                matrix(&format!("{name}.weight"), [n_in, n_out], MatrixLayout::InOut)?,
-                vector(&format!("{name}.bias"), n_out)?,
-            ))
+            Ok((weight(&format!("{name}.weight"), n_in, n_out)?, vector(&format!("{name}.bias"), n_out)?))
         };
         let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
             Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
         };
-        if store.get("lm_head.weight").is_some() {
+        if let Some(head) = weights.get(&n.name("lm_head.weight"))? {
             // GPT-2 ties the head to wte; an untied head is not a GPT-2 checkpoint we know.
-            let head = store.get("lm_head.weight").expect("checked");
             let wte = n.get("wte.weight", &[v, c])?;
+            let bytes = |t: &Tensor| match &t.data {
+                TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.to_vec(),
+            };
             ensure!(
-                head.bytes == wte.bytes,
-                "lm_head.weight differs from wte.weight: untied GPT-2 heads are not supported"
+                bytes(&head) == bytes(&wte),
+                "{} differs from the token embedding: untied GPT-2 heads are not supported",
+                head.name
             );
         }
         let blocks = (0..config.n_layer)
@@ -106,8 +145,8 @@ impl<B: Backend> Gpt2<B> {
         };
         Ok(Gpt2 {
             info,
-            wte: matrix("wte.weight", [v, c], MatrixLayout::OutIn)?,
-            wpe: matrix("wpe.weight", [config.n_positions, c], MatrixLayout::OutIn)?,
+            wte: table("wte.weight", v)?,
+            wpe: table("wpe.weight", config.n_positions)?,
             ln_f: norm("ln_f")?,
             blocks,
             config,

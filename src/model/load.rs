@@ -55,8 +55,8 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
         // GPT-2 configs from old exports may lack model_type.
         Some("gpt2") | None => {
             let config = Gpt2Config::from_json(&text).map_err(bad)?;
-            let store = WeightStore::open_dir(path)?;
-            Box::new(Gpt2::load(backend, config, &store).with_context(loading)?)
+            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
         }
         Some("llama") => {
             let config = LlamaConfig::from_hf_json(&text).map_err(bad)?;
@@ -77,11 +77,15 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
 fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
     let file = GgufFile::open(path)?;
     let arch = file.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("").to_owned();
-    if !ARCHITECTURES.contains(&arch.as_str()) || arch == "gpt2" {
+    if !ARCHITECTURES.contains(&arch.as_str()) {
         match arch.as_str() {
             "" => bail!("{}: no general.architecture in the metadata", path.display()),
             other => {
-                bail!("{}: GGUF architecture {other:?} is not supported (supported from GGUF: llama)", path.display())
+                bail!(
+                    "{}: GGUF architecture {other:?} is not supported (supported: {})",
+                    path.display(),
+                    ARCHITECTURES.join(", ")
+                )
             }
         }
     }
@@ -98,6 +102,14 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
             let weights = Weights::Gguf(file);
             Box::new(
                 Llama::load(backend, config, &weights)
+                    .with_context(|| format!("loading weights from {}", path.display()))?,
+            )
+        }
+        "gpt2" => {
+            let config = Gpt2Config::from_gguf(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let weights = Weights::Gguf(file);
+            Box::new(
+                Gpt2::load(backend, config, &weights)
                     .with_context(|| format!("loading weights from {}", path.display()))?,
             )
         }

@@ -195,6 +195,21 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
+/// `values` (whole rows of whole blocks) as GGUF Q8_0 blocks, with llama.cpp's rule
+/// (`quantize_row_q8_0`: `d = max|x| / 127` stored as f16, `q = round(x / d)`): how types
+/// without a kernel here (Q5_0, Q5_1, the k-quants) reach the Q8_0 kernel.
+pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() / QK * 34);
+    for block in values.chunks_exact(QK) {
+        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend(f16::from_f32(d).to_bits().to_le_bytes());
+        out.extend(block.iter().map(|&v| ((v * id).round() as i32).clamp(-127, 127) as i8 as u8));
+    }
+    out
+}
+
 /// Activation rows quantized to 8-bit blocks.
 #[derive(Default)]
 pub struct Q8Rows {
