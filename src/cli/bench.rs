@@ -139,7 +139,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (_, DtypeChoice::Auto) => stored,
     }
     .to_owned();
-    let mut bytes_per_param = if dtype == "f32" { 4 } else { 2 };
+    let bytes_per_param = if dtype == "f32" { 4 } else { 2 };
     // A GGUF whose blocks the cpu backend keeps quantized: its type and bytes, as llama-bench shows them.
     let mut file_bytes = None;
     if let (Source::Path(path), BackendChoice::Cpu, DtypeChoice::Auto) =
@@ -148,13 +148,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     {
         dtype = ty;
         file_bytes = Some(bytes);
-        bytes_per_param = 0;
     }
     if args.backend.kv_dtype == "f16" {
         dtype.push_str(" (kv f16)");
     }
-    let info =
-        Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: file_bytes.unwrap_or(bytes_per_param) };
+    let info = Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: 0, bytes_per_param, file_bytes };
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
 }
 
@@ -200,7 +198,12 @@ struct Info {
     label: String,
     dtype: String,
     kv: String,
+    /// The weights' bytes as llama-bench reports them: set once the model is loaded.
     size_bytes: usize,
+    /// Bytes per parameter of float weights.
+    bytes_per_param: usize,
+    /// A quantized GGUF's tensor bytes (its size as stored).
+    file_bytes: Option<usize>,
 }
 
 /// One measured test, with llama-bench's field names where it has them.
@@ -341,9 +344,7 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
         Source::Path(path) => load_model(&backend, path)?.model,
     };
     let n_params = model.info().n_params;
-    if info.size_bytes <= 4 {
-        info.size_bytes *= n_params; // bytes per parameter until here
-    }
+    info.size_bytes = info.file_bytes.unwrap_or(n_params.saturating_mul(info.bytes_per_param));
     let info = &info;
     // Every test checked before any output.
     let n_ctx = model.info().context_length;

@@ -103,8 +103,11 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         };
         // The cpu backend keeps these blocks quantized and quantizes activations to 8 bits.
         if let (Some(ty), BackendChoice::Cpu, DtypeChoice::Auto) = (&quantized, r.args.backend, r.args.dtype) {
-            r.tolerance = args.tolerance.unwrap_or(tolerance::Q8_ACTIVATIONS);
-            dtype = format!("{ty} (8-bit activations: llama.cpp's arithmetic; --dtype f32 is HF's)");
+            let native = ["q8_0", "q4_0", "q4_1"].contains(&ty.as_str());
+            r.tolerance =
+                args.tolerance.unwrap_or(if native { tolerance::Q8_ACTIVATIONS } else { tolerance::Q8_REQUANTIZED });
+            let requant = if native { "" } else { " re-quantized to q8_0" };
+            dtype = format!("{ty}{requant} (8-bit activations: llama.cpp's arithmetic; --dtype f32 is HF's)");
         }
         r.label = format!("{dtype} weights, {} KV", r.args.kv_dtype);
     }

@@ -36,6 +36,8 @@ pub struct Gpt2<B: Backend> {
     config: Gpt2Config,
     info: ModelInfo,
     wte: B::Matrix, // (V, C): token embedding and output head
+    /// A GGUF's separate `output.weight` (V, C), when it has one.
+    head: Option<B::Matrix>,
     wpe: B::Matrix, // (n_positions, C)
     blocks: Vec<Block<B>>,
     ln_f: (B::Vector, B::Vector),
@@ -54,7 +56,8 @@ impl<'a> Names<'a> {
     /// The file's name for an HF-style name (`h.3.attn.c_attn.weight`).
     fn name(&self, hf: &str) -> String {
         if !self.gguf {
-            return format!("{}{hf}", self.prefix);
+            // HF keeps the head at the top level whatever the body's prefix.
+            return if hf.starts_with("lm_head") { hf.to_owned() } else { format!("{}{hf}", self.prefix) };
         }
         fn map(rest: &str) -> &str {
             match rest {
@@ -109,17 +112,21 @@ impl<B: Backend> Gpt2<B> {
         let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
             Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
         };
-        if let Some(head) = weights.get(&n.name("lm_head.weight"))? {
-            // GPT-2 ties the head to wte; an untied head is not a GPT-2 checkpoint we know.
-            let wte = n.get("wte.weight", &[v, c])?;
-            let bytes = |t: &Tensor| match &t.data {
-                TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.to_vec(),
-            };
-            ensure!(
-                bytes(&head) == bytes(&wte),
-                "{} differs from the token embedding: untied GPT-2 heads are not supported",
-                head.name
-            );
+        // GPT-2 ties the head to wte. HF files may repeat it as lm_head (it must be a
+        // copy); a GGUF may carry it as `output.weight`, perhaps quantized to another type
+        // than the embedding (older converters wrote it): used as the head, as llama.cpp does.
+        let mut head = None;
+        if let Some(t) = weights.get(&n.name("lm_head.weight"))? {
+            if gguf {
+                head = Some(table("lm_head.weight", v)?);
+            } else {
+                let wte = n.get("wte.weight", &[v, c])?;
+                let same = match (&t.data, &wte.data) {
+                    (TensorData::Float { bytes: a, .. }, TensorData::Float { bytes: b, .. }) => a == b,
+                    _ => false,
+                };
+                ensure!(same, "{} differs from the token embedding: untied GPT-2 heads are not supported", t.name);
+            }
         }
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -146,6 +153,7 @@ impl<B: Backend> Gpt2<B> {
         Ok(Gpt2 {
             info,
             wte: table("wte.weight", v)?,
+            head,
             wpe: table("wpe.weight", config.n_positions)?,
             ln_f: norm("ln_f")?,
             blocks,
@@ -227,7 +235,7 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         let x = logit_rows(backend, x, seqs, which);
         let x = backend.layer_norm(&x, &self.ln_f.0, &self.ln_f.1, eps); // (rows, C)
         trace(Stage::FinalNorm, &x)?;
-        let logits = backend.linear(&x, &self.wte, None); // (rows, V)
+        let logits = backend.linear(&x, self.head.as_ref().unwrap_or(&self.wte), None); // (rows, V)
         trace(Stage::Logits, &logits)?;
         Ok(logits)
     }

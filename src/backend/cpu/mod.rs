@@ -334,15 +334,21 @@ impl Backend for CpuBackend {
             Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => Ok(CpuMatrix::Quant(
                 QMatrix::new(q, n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
             )),
-            None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
-                let values =
-                    crate::quant::dequantize(ty, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-                ensure!(
-                    Some(values.len()) == n_out.checked_mul(n_in),
-                    "tensor {name:?}: {} values decoded for a [{n_out}, {n_in}] matrix",
-                    values.len()
-                );
-                let q8 = qmatmul::quantize_q8_0(&values);
+            None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) && n_out > 0 => {
+                // Row by row, so no f32 copy of the whole matrix is ever held.
+                ensure!(bytes.len().is_multiple_of(n_out), "tensor {name:?}: {} bytes for {n_out} rows", bytes.len());
+                let row_bytes = bytes.len() / n_out;
+                let mut q8 = Vec::with_capacity(n_out * n_in / qmatmul::QK * 34);
+                for row in bytes.chunks_exact(row_bytes.max(1)) {
+                    let values =
+                        crate::quant::dequantize(ty, row).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    ensure!(
+                        values.len() == n_in,
+                        "tensor {name:?}: a row decodes to {} values, not {n_in}",
+                        values.len()
+                    );
+                    q8.extend(qmatmul::quantize_q8_0(&values));
+                }
                 Ok(CpuMatrix::Quant(
                     QMatrix::new(QType::Q8_0, n_out, n_in, &q8).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
                 ))

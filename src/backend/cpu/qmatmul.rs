@@ -201,7 +201,9 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() / QK * 34);
     for block in values.chunks_exact(QK) {
-        let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // A non-finite value makes the block's scale NaN (never a silent 0).
+        let amax =
+            block.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend(f16::from_f32(d).to_bits().to_le_bytes());

@@ -39,6 +39,8 @@ struct Shared {
     panicked: AtomicBool,
     /// Parked helpers wait here for the next generation.
     wake: Condvar,
+    /// Set when the team could not be built: its helpers return.
+    exit: AtomicBool,
     parked: Mutex<usize>,
 }
 
@@ -50,23 +52,32 @@ pub struct Team {
 }
 
 impl Team {
-    fn new(helpers: usize) -> Team {
+    /// A team of `helpers` threads, or `None` when the threads cannot be started (those
+    /// that did start are told to exit).
+    fn new(helpers: usize) -> Option<Team> {
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             job: Mutex::new(None),
             panicked: AtomicBool::new(false),
+            exit: AtomicBool::new(false),
             wake: Condvar::new(),
             parked: Mutex::new(0),
         });
         for index in 1..=helpers {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
+            let for_helper = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
                 .name(format!("forge-team-{index}"))
-                .spawn(move || helper(&shared, index))
-                .expect("spawning a team thread");
+                .spawn(move || helper(&for_helper, index));
+            if spawned.is_err() {
+                shared.exit.store(true, Ordering::Release);
+                shared.generation.fetch_add(1, Ordering::AcqRel);
+                let _parked = shared.parked.lock().unwrap_or_else(|p| p.into_inner());
+                shared.wake.notify_all();
+                return None;
+            }
         }
-        Team { helpers, shared, busy: AtomicBool::new(false) }
+        Some(Team { helpers, shared, busy: AtomicBool::new(false) })
     }
 }
 
@@ -92,6 +103,9 @@ fn helper(shared: &Shared, index: usize) {
             }
         }
         seen = shared.generation.load(Ordering::Acquire);
+        if shared.exit.load(Ordering::Acquire) {
+            return;
+        }
         let job = *shared.job.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(job) = job
             && index < job.n_parts
@@ -107,19 +121,24 @@ fn helper(shared: &Shared, index: usize) {
     }
 }
 
-/// Teams by size, created on first use and kept (parked when idle).
+/// Teams by size, created on first use and kept (parked when idle); `None` for one
+/// thread, for more threads than the CPUs (spinning helpers would then wait for time
+/// slices: rayon serves that case), or when threads cannot be started.
 fn team(threads: usize) -> Option<&'static Team> {
-    static TEAMS: OnceLock<Mutex<Vec<&'static Team>>> = OnceLock::new();
-    if threads < 2 {
+    /// (threads, its team or `None` when it could not be built).
+    type Registry = Mutex<Vec<(usize, Option<&'static Team>)>>;
+    static TEAMS: OnceLock<Registry> = OnceLock::new();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || threads > cpus {
         return None;
     }
     let mut teams = TEAMS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(t) = teams.iter().find(|t| t.helpers == threads - 1) {
-        return Some(t);
+    if let Some((_, t)) = teams.iter().find(|(n, _)| *n == threads) {
+        return *t;
     }
-    let t: &'static Team = Box::leak(Box::new(Team::new(threads - 1)));
-    teams.push(t);
-    Some(t)
+    let t: Option<&'static Team> = Team::new(threads - 1).map(|t| &*Box::leak(Box::new(t)));
+    teams.push((threads, t));
+    t
 }
 
 /// Run `f(0) .. f(n_parts - 1)`, part `i` on thread `i` of a team the size of the current
@@ -143,8 +162,13 @@ pub fn run(n_parts: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     }
     // Part 0 here; a panic in it waits for the helpers (they borrow `f`) before unwinding.
     let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0)));
+    let mut spins = 0u32;
     while shared.done.load(Ordering::Acquire) < team.helpers {
         std::hint::spin_loop();
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(1 << 14) {
+            std::thread::yield_now(); // a helper descheduled: let it run
+        }
     }
     *shared.job.lock().unwrap_or_else(|p| p.into_inner()) = None;
     let helper_panicked = shared.panicked.swap(false, Ordering::AcqRel);
@@ -156,4 +180,33 @@ pub fn run(n_parts: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
         panic!("a part of a team job panicked on a helper thread");
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each part runs exactly once; a panicking part (caller's or a helper's) surfaces as a
+    /// panic of `run` after every helper is done, and the team keeps working.
+    #[test]
+    fn parts_run_once_and_panics_surface() {
+        let n = rayon::current_num_threads();
+        if team(n).is_none() {
+            eprintln!("SKIP: no team for {n} threads on this machine");
+            return;
+        }
+        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+        let count = |p: usize| {
+            hits[p].fetch_add(1, Ordering::SeqCst);
+        };
+        while !run(n, &count) {} // another test may hold the team for a moment
+        assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
+        for bad in [0, n - 1] {
+            let panicking = |p: usize| assert_ne!(p, bad, "part {p} fails");
+            let r = std::panic::catch_unwind(|| while !run(n, &panicking) {});
+            assert!(r.is_err(), "a panic in part {bad} must surface");
+        }
+        while !run(n, &count) {}
+        assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 2));
+    }
 }
