@@ -106,7 +106,7 @@ fn forward_misuse_is_an_error_on_the_cpu_backends() {
 #[test]
 fn forward_misuse_is_an_error_on_the_gpu_backend() {
     let Some(b) = gpu_backend(Default::default()) else { return };
-    forward_misuse_is_an_error(&Engine::load_dir(b, &fixture("tiny-gpt2")).unwrap());
+    forward_misuse_is_an_error(&Engine::load(b, &fixture("tiny-gpt2")).unwrap());
 }
 
 /// Configs built in code are held to the loader's rules: the model refuses them

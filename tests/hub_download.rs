@@ -99,7 +99,7 @@ fn client(endpoint: &str, cache: &Path) -> HubClient {
 }
 
 fn greedy_ids(dir: &Path, prompt: &[u32]) -> Vec<u32> {
-    let engine = Engine::load_dir(ReferenceBackend, dir).unwrap();
+    let engine = Engine::load(ReferenceBackend, dir).unwrap();
     let params = GenerateParams::greedy(40);
     engine.generate(prompt, &params, |_| Ok(())).unwrap().generated_ids
 }

@@ -64,7 +64,7 @@ fn non_finite_logits_end_a_lockstep_run() {
     let (_tmp, dir) = fixture_copy("tiny-gpt2");
     poison_position_embedding(&dir, 3);
     let good = engine("tiny-gpt2");
-    let bad = batch_forge::engine::Engine::load_dir(
+    let bad = batch_forge::engine::Engine::load(
         batch_forge::backend::cpu::CpuBackend::new(CpuOptions::default()).unwrap(),
         &dir,
     )

@@ -74,7 +74,7 @@ fn lossy_formats_match_the_reference_fed_the_same_rounded_values() {
         .map(|case| (isa, case))
     }) {
         let e = cpu_engine(ckpt, o);
-        let r = Engine::load_dir(rounded, &fixture(ckpt)).unwrap();
+        let r = Engine::load(rounded, &fixture(ckpt)).unwrap();
         let tol = lossy_tolerance(&rounded, ckpt);
         let err = max_logit_diff(&e, &r, ckpt);
         let (ok, n) = greedy_agreement(&e, &r, ckpt);
@@ -99,16 +99,15 @@ fn lossy_comparison_detects_the_wrong_rounding() {
     let kv = cpu_engine(ckpt, opts(Some(WeightDtype::F32), true, Isa::detect()));
     let tol = lossy_tolerance(&RoundedReference { weights: WeightDtype::F32, kv_f16: true }, ckpt);
     let unrounded =
-        Engine::load_dir(RoundedReference { weights: WeightDtype::F32, kv_f16: false }, &fixture(ckpt)).unwrap();
+        Engine::load(RoundedReference { weights: WeightDtype::F32, kv_f16: false }, &fixture(ckpt)).unwrap();
     let err = max_logit_diff(&kv, &unrounded, ckpt);
     assert!(err > tol, "f16 KV vs an unrounded reference differ by only {err:e} (tolerance {tol:e})");
 
     let ckpt = "tiny-gpt2";
     let e = cpu_engine(ckpt, opts(Some(WeightDtype::F16), false, Isa::detect()));
     for wrong in [WeightDtype::F32, WeightDtype::BF16] {
-        let r =
-            batch_forge::engine::Engine::load_dir(RoundedReference { weights: wrong, kv_f16: false }, &fixture(ckpt))
-                .unwrap();
+        let r = batch_forge::engine::Engine::load(RoundedReference { weights: wrong, kv_f16: false }, &fixture(ckpt))
+            .unwrap();
         let err = max_logit_diff(&e, &r, ckpt);
         assert!(err > 10.0 * LOGIT_TOL, "f16 weights vs {wrong:?}-rounded reference differ by only {err:e}");
     }

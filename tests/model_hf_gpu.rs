@@ -15,7 +15,7 @@ fn gpu_matches_hf_greedy_ids_and_logits_on_every_checkpoint() {
     // weights are then exact, so the f32 tolerance still holds).
     for ckpt in CHECKPOINTS {
         let Some(b) = gpu_backend(GpuOptions::default()) else { return };
-        let e = Engine::load_dir(b, &fixture(ckpt)).unwrap();
+        let e = Engine::load(b, &fixture(ckpt)).unwrap();
         assert_eq!(greedy_matches(&e, ckpt), (8, 8), "{ckpt}");
         let err = max_logit_error(&e, ckpt);
         eprintln!("gpu {ckpt}: greedy 8/8, max abs logit error vs HF {err:e}");
@@ -39,9 +39,9 @@ fn gpu_lossy_formats_match_the_reference_fed_the_same_rounded_values() {
         ("f16 weights + f16 KV", WeightDtype::F16, true),
     ] {
         let o = GpuOptions { weight_dtype: Some(weights), kv_f16, ..Default::default() };
-        let e = Engine::load_dir(gpu_backend(o).unwrap(), &fixture(ckpt)).unwrap();
+        let e = Engine::load(gpu_backend(o).unwrap(), &fixture(ckpt)).unwrap();
         let rounded = RoundedReference { weights, kv_f16 };
-        let r = Engine::load_dir(rounded, &fixture(ckpt)).unwrap();
+        let r = Engine::load(rounded, &fixture(ckpt)).unwrap();
         let tol = lossy_tolerance(&rounded, ckpt);
         let err = max_logit_diff(&e, &r, ckpt);
         let (ok, n) = greedy_agreement(&e, &r, ckpt);

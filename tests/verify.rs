@@ -102,7 +102,7 @@ fn a_perturbed_weight_fails_at_its_block() {
         let (_tmp, dir) = fixture_copy(checkpoint);
         perturb(&dir, tensor, 5, 0.5);
         let reference = reference_of(checkpoint);
-        let e = Engine::load_dir(ReferenceBackend, &dir).unwrap();
+        let e = Engine::load(ReferenceBackend, &dir).unwrap();
         let v = run_verify(&e, &reference, tolerance::F32);
         let fail = v.first_failure().unwrap_or_else(|| panic!("{checkpoint} {tensor}: no failure"));
         assert_eq!(fail.stage, Stage::Block(block), "{checkpoint} {tensor}: {:?}", v.stages);

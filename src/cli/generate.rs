@@ -334,11 +334,11 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     use batch_forge::engine::lockstep::lockstep;
 
     let dir = super::model_dir(&args.model, true, "generate")?;
-    let cpu = Engine::load_dir(CpuBackend::new(args.backend.cpu_options()?)?, &dir)?;
+    let cpu = Engine::load(CpuBackend::new(args.backend.cpu_options()?)?, &dir)?;
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
     super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();
-    let gpu = Engine::load_dir(gpu_backend, &dir)?;
+    let gpu = Engine::load(gpu_backend, &dir)?;
     let tok = &cpu.tokenizer;
     let max_context = args.max_context(cpu.model.info().context_length)?;
     let prompt_ids = prompt_ids(&cpu, args, prompt, source)?;
@@ -444,7 +444,7 @@ impl PhaseTimings {
 fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     let dir = super::model_dir(&args.model, true, "generate")?; // a download is not load time
     let load_start = Instant::now();
-    let engine = Engine::load_dir(backend, &dir)?;
+    let engine = Engine::load(backend, &dir)?;
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
     let n_positions = engine.model.info().context_length;

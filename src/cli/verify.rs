@@ -165,7 +165,7 @@ fn check_on<B: Backend>(
     reference: &Reference,
     tolerance: f64,
 ) -> anyhow::Result<Verification> {
-    let engine = Engine::load_dir(backend, dir)?;
+    let engine = Engine::load(backend, dir)?;
     verify(&engine.backend, engine.model.as_ref(), reference, tolerance, |s| engine.prompt_ids(s))
 }
 

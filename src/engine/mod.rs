@@ -228,11 +228,6 @@ impl<B: Backend> Engine<B> {
         })
     }
 
-    /// [`Engine::load`] (the name from when only folders were models).
-    pub fn load_dir(backend: B, dir: &Path) -> anyhow::Result<Self> {
-        Self::load(backend, dir)
-    }
-
     /// The token ids of a prompt as the model expects them: the tokenizer's ids, after the
     /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
     /// is the BOS token alone (GPT-2's `<|endoftext|>`).

@@ -171,13 +171,8 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         &self.info
     }
 
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
-        ensure!(
-            capacity <= self.config.n_positions,
-            "KV cache of {capacity} exceeds the context {}",
-            self.config.n_positions
-        );
-        backend.new_kv_cache(self.config.n_layer, capacity, self.config.n_embd)
+    fn kv_width(&self) -> usize {
+        self.config.n_embd
     }
 
     fn forward_traced(
@@ -190,7 +185,7 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
     ) -> anyhow::Result<B::Act> {
         let cfg = &self.config;
         let (tokens, seqs) = (batch.tokens, batch.seqs);
-        check_batch(&self.info, cfg.n_embd, batch, caches)?;
+        check_batch(&self.info, self.kv_width(), batch, caches)?;
         // Positions of each row (on the stack for decode-sized batches: no allocation).
         let mut small = [0u32; 64];
         let mut large = Vec::new();

@@ -164,13 +164,8 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         &self.info
     }
 
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
-        ensure!(
-            capacity <= self.config.context_length,
-            "KV cache of {capacity} exceeds the context {}",
-            self.config.context_length
-        );
-        backend.new_kv_cache(self.config.n_layer, capacity, self.spec.kv_width())
+    fn kv_width(&self) -> usize {
+        self.spec.kv_width()
     }
 
     fn forward_traced(
@@ -181,7 +176,7 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         which: LogitRows,
         trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
     ) -> anyhow::Result<B::Act> {
-        check_batch(&self.info, self.spec.kv_width(), batch, caches)?;
+        check_batch(&self.info, self.kv_width(), batch, caches)?;
         let (eps, seqs) = (self.config.rms_norm_eps, batch.seqs);
         let mut x = backend.embed(&self.embed, batch.tokens); // (T, C)
         trace(Stage::Embeddings, &x)?;

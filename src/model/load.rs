@@ -96,24 +96,14 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };
     let extra_eog: Vec<u32> = ["eot_token_id", "eom_token_id"].iter().filter_map(|k| token_id(k)).collect();
-    let model: Box<dyn CausalLm<B>> = match arch.as_str() {
-        "llama" => {
-            let config = LlamaConfig::from_gguf(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let weights = Weights::Gguf(file);
-            Box::new(
-                Llama::load(backend, config, &weights)
-                    .with_context(|| format!("loading weights from {}", path.display()))?,
-            )
-        }
-        "gpt2" => {
-            let config = Gpt2Config::from_gguf(&file).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            let weights = Weights::Gguf(file);
-            Box::new(
-                Gpt2::load(backend, config, &weights)
-                    .with_context(|| format!("loading weights from {}", path.display()))?,
-            )
-        }
-        other => bail!("{}: GGUF architecture {other:?} is not supported", path.display()),
+    let bad_config = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let loading = || format!("loading weights from {}", path.display());
+    let model: Box<dyn CausalLm<B>> = if arch == "gpt2" {
+        let config = Gpt2Config::from_gguf(&file).map_err(bad_config)?;
+        Box::new(Gpt2::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+    } else {
+        let config = LlamaConfig::from_gguf(&file).map_err(bad_config)?;
+        Box::new(Llama::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
     };
     finish(model, tokenizer, chat_template, &extra_eog)
 }

@@ -75,8 +75,15 @@ pub struct ModelInfo {
 pub trait CausalLm<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
 
-    /// A KV cache for one sequence of up to `capacity` tokens.
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache>;
+    /// Values per position and layer in the KV cache, for keys and for values each.
+    fn kv_width(&self) -> usize;
+
+    /// A KV cache for one sequence of up to `capacity` tokens (at most the context).
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+        let info = self.info();
+        ensure!(capacity <= info.context_length, "KV cache of {capacity} exceeds the context {}", info.context_length);
+        backend.new_kv_cache(info.n_layer, capacity, self.kv_width())
+    }
 
     /// [`CausalLm::forward`], handing each intermediate [`Stage`] to `trace` as it is
     /// computed: what `forge verify` compares with HF's.

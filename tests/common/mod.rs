@@ -36,11 +36,11 @@ pub fn ids(v: &Value) -> Vec<u32> {
 }
 
 pub fn engine(checkpoint: &str) -> Engine<ReferenceBackend> {
-    Engine::load_dir(ReferenceBackend, &fixture(checkpoint)).unwrap()
+    Engine::load(ReferenceBackend, &fixture(checkpoint)).unwrap()
 }
 
 pub fn cpu_engine(checkpoint: &str, opts: CpuOptions) -> Engine<CpuBackend> {
-    Engine::load_dir(CpuBackend::new(opts).unwrap(), &fixture(checkpoint)).unwrap()
+    Engine::load(CpuBackend::new(opts).unwrap(), &fixture(checkpoint)).unwrap()
 }
 
 /// Greedy continuations for every reference prompt: (matching prompts, total prompts).
@@ -134,8 +134,8 @@ pub fn lossy_tolerance(rounded: &RoundedReference, checkpoint: &str) -> f32 {
     if !rounded.kv_f16 {
         return LOGIT_TOL;
     }
-    let with = Engine::load_dir(RoundedReference { ..*rounded }, &fixture(checkpoint)).unwrap();
-    let without = Engine::load_dir(RoundedReference { kv_f16: false, ..*rounded }, &fixture(checkpoint)).unwrap();
+    let with = Engine::load(RoundedReference { ..*rounded }, &fixture(checkpoint)).unwrap();
+    let without = Engine::load(RoundedReference { kv_f16: false, ..*rounded }, &fixture(checkpoint)).unwrap();
     (0.5 * max_logit_diff(&with, &without, checkpoint)).max(LOGIT_TOL)
 }
 

@@ -284,12 +284,38 @@ fn attention_head_blocked(
     out
 }
 
-fn layer_norm_rows(x: &[f32], cols: usize, gain: &[f32], shift: &[f32], eps: f32, out: &mut [f32]) {
-    let one = |(xr, or): (&[f32], &mut [f32])| simd::layer_norm(xr, gain, shift, eps, or);
-    if x.len() > cols {
-        x.par_chunks(cols).zip(out.par_chunks_mut(cols)).for_each(one);
+/// `f(row of x, row of out)` for every row: in parallel when there are several rows (a
+/// decode step's single row stays on this thread). Rows of `x` are `x_cols` wide, rows of
+/// `out` `out_cols`.
+fn map_rows(x: &[f32], x_cols: usize, out: &mut [f32], out_cols: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    if x_cols == 0 || out_cols == 0 {
+        return;
+    }
+    if x.len() > x_cols {
+        x.par_chunks(x_cols).zip(out.par_chunks_mut(out_cols)).for_each(|(xr, or)| f(xr, or));
     } else {
-        x.chunks(cols).zip(out.chunks_mut(cols)).for_each(one);
+        x.chunks(x_cols).zip(out.chunks_mut(out_cols)).for_each(|(xr, or)| f(xr, or));
+    }
+}
+
+/// The residual add and a row op in one pass per row: `x += y`, then `f(row of x, row of
+/// out)` (the next block's norm).
+fn add_map_rows(x: &mut CpuAct, y: &CpuAct, out: &mut [f32], f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
+    let cols = x.cols;
+    if cols == 0 {
+        return;
+    }
+    let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
+        for (a, b) in xr.iter_mut().zip(yr) {
+            *a += b;
+        }
+        f(xr, or);
+    };
+    if x.rows > 1 {
+        x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
+    } else {
+        x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
     }
 }
 
@@ -395,7 +421,7 @@ impl Backend for CpuBackend {
 
     fn layer_norm(&self, x: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
         let mut out = self.take(x.rows, x.cols);
-        layer_norm_rows(x, x.cols, gain, shift, eps, &mut out);
+        map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
     }
 
@@ -420,74 +446,29 @@ impl Backend for CpuBackend {
     }
 
     fn add_layer_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
-        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
-        let cols = x.cols;
-        let mut out = self.take(x.rows, cols);
-        let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
-            for (a, b) in xr.iter_mut().zip(yr) {
-                *a += b;
-            }
-            simd::layer_norm(xr, gain, shift, eps, or);
-        };
-        if x.rows > 1 {
-            x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
-        } else {
-            x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
-        }
+        let mut out = self.take(x.rows, x.cols);
+        add_map_rows(x, y, &mut out, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
     }
 
     fn rms_norm(&self, x: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
-        let cols = x.cols;
-        let mut out = self.take(x.rows, cols);
-        if cols == 0 {
-            return out;
-        }
-        let one = |(xr, or): (&[f32], &mut [f32])| simd::rms_norm(xr, gain, eps, or);
-        if x.rows > 1 {
-            x.par_chunks(cols).zip(out.par_chunks_mut(cols)).for_each(one);
-        } else {
-            x.chunks(cols).zip(out.chunks_mut(cols)).for_each(one);
-        }
+        let mut out = self.take(x.rows, x.cols);
+        map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
     }
 
     fn add_rms_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
-        assert_eq!((x.rows, x.cols), (y.rows, y.cols), "add: shapes");
-        let cols = x.cols;
-        let mut out = self.take(x.rows, cols);
-        if cols == 0 {
-            return out;
-        }
-        let one = |((xr, yr), or): ((&mut [f32], &[f32]), &mut [f32])| {
-            for (a, b) in xr.iter_mut().zip(yr) {
-                *a += b;
-            }
-            simd::rms_norm(xr, gain, eps, or);
-        };
-        if x.rows > 1 {
-            x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
-        } else {
-            x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
-        }
+        let mut out = self.take(x.rows, x.cols);
+        add_map_rows(x, y, &mut out, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
     }
 
     fn swiglu(&self, x: &CpuAct) -> CpuAct {
         let (isa, f) = (self.opts.isa, x.cols / 2);
         let mut out = self.take(x.rows, f);
-        if f == 0 {
-            return out;
-        }
-        let one = |(xr, or): (&[f32], &mut [f32])| {
-            let (gate, up) = xr.split_at(f);
-            simd::swiglu(isa, gate, up, or);
-        };
-        if x.rows > 1 {
-            x.par_chunks(x.cols).zip(out.par_chunks_mut(f)).for_each(one);
-        } else {
-            x.chunks(x.cols).zip(out.chunks_mut(f)).for_each(one);
-        }
+        map_rows(x, x.cols, &mut out, f, |xr, or| {
+            simd::swiglu(isa, &xr[..f], &xr[f..2 * f], or);
+        });
         out
     }
 
