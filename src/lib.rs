@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod chat;
 pub mod compare;
+pub mod convert;
 pub mod engine;
 pub mod loaders;
 pub mod model;

@@ -79,7 +79,7 @@ fn same(got: &MetaValue, want: &Value) -> bool {
         MetaValue::I16(v) => want.as_i64() == Some(i64::from(*v)),
         MetaValue::I32(v) => want.as_i64() == Some(i64::from(*v)),
         MetaValue::I64(v) => want.as_i64() == Some(*v),
-        MetaValue::Array(_) => false,
+        MetaValue::Array(..) => false,
         _ => want.as_u64() == got.as_u64(),
     }
 }

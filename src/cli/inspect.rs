@@ -76,7 +76,7 @@ fn type_label(v: &MetaValue) -> String {
 fn show(v: &MetaValue, full: bool) -> String {
     let one = |v: &MetaValue| match v {
         MetaValue::String(s) => format!("{s:?}").replace('|', "\\|"),
-        MetaValue::Array(a) => format!("[{} items]", a.len()),
+        MetaValue::Array(_, a) => format!("[{} items]", a.len()),
         MetaValue::U8(x) => x.to_string(),
         MetaValue::I8(x) => x.to_string(),
         MetaValue::U16(x) => x.to_string(),

@@ -6,6 +6,7 @@ mod devices;
 mod generate;
 mod inspect;
 mod perplexity;
+mod quantize;
 mod random_model;
 mod tokenize;
 mod verify;
@@ -49,6 +50,8 @@ enum Command {
     Devices,
     /// Print the metadata and tensor table of a GGUF or safetensors file.
     Inspect(inspect::InspectArgs),
+    /// Write a GGUF file quantized to another type (llama-quantize's types, choices and bytes).
+    Quantize(quantize::QuantizeArgs),
     /// Compare the model stage by stage (embeddings, each block, final norm, logits)
     /// with a HF transformers dump from scripts/hf_reference.py.
     Verify(verify::VerifyArgs),
@@ -215,6 +218,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::RandomModel(a) => random_model::run(a),
         Command::Devices => devices::run(),
         Command::Inspect(a) => inspect::run(a),
+        Command::Quantize(a) => quantize::run(a),
         Command::Verify(a) => verify::run(a),
     }
 }

@@ -211,7 +211,9 @@ pub enum MetaValue {
     F32(f32),
     Bool(bool),
     String(String),
-    Array(Vec<MetaValue>),
+    /// GGUF's element type code (kept so that an empty array is written back as read)
+    /// and the elements.
+    Array(u32, Vec<MetaValue>),
     U64(u64),
     I64(i64),
     F64(f64),
@@ -229,7 +231,7 @@ impl MetaValue {
             MetaValue::F32(_) => "f32",
             MetaValue::Bool(_) => "bool",
             MetaValue::String(_) => "string",
-            MetaValue::Array(_) => "array",
+            MetaValue::Array(..) => "array",
             MetaValue::U64(_) => "u64",
             MetaValue::I64(_) => "i64",
             MetaValue::F64(_) => "f64",
@@ -276,7 +278,7 @@ impl MetaValue {
 
     pub fn as_array(&self) -> Option<&[MetaValue]> {
         match self {
-            MetaValue::Array(a) => Some(a),
+            MetaValue::Array(_, a) => Some(a),
             _ => None,
         }
     }
@@ -400,7 +402,7 @@ impl<'a> Reader<'a> {
                 for _ in 0..n {
                     items.push(self.value(elem, depth + 1)?);
                 }
-                MetaValue::Array(items)
+                MetaValue::Array(elem, items)
             }
             10 => MetaValue::U64(self.u64(what)?),
             11 => MetaValue::I64(i64::from_le_bytes(self.array(what)?)),

@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod gguf;
+pub mod gguf_write;
 pub mod hub;
 pub mod llama_config;
 pub mod safetensors;

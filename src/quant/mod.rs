@@ -1,4 +1,5 @@
-//! GGUF's block-quantized weight formats: the reference dequantization to f32.
+//! GGUF's block-quantized weight formats: the reference dequantization to f32 (here) and
+//! the reference quantizers ([`encode`]).
 //!
 //! Each format stores a tensor row as blocks of `block_size` values, every block a few
 //! f16 scales and packed small integers. This file is the plain, obviously-correct
@@ -17,6 +18,8 @@
 //! | Q4_K | 256 | 144 | d, dmin f16, 12 bytes of 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of nibbles |
 //! | Q5_K | 256 | 176 | as Q4_K plus 32 bytes of fifth bits |
 //! | Q6_K | 256 | 210 | 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 × i8 scales (sub-blocks of 16), d f16 |
+
+pub mod encode;
 
 use half::f16;
 

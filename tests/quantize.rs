@@ -1,0 +1,165 @@
+//! `forge quantize` writes the bytes llama.cpp's `llama-quantize` writes.
+//!
+//! tests/fixtures/quantize/expected.json (scripts/make_quantize_fixture.py) holds the sha256
+//! of llama-quantize's output for each input fixture, file type and flag set: every file
+//! type offered (F32/F16/BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_S/M, Q5_K_S/M, Q6_K), with
+//! K-quant blocks (256-wide rows) and fallbacks (64-wide and odd rows), tied and untied
+//! heads, `--pure`, and re-quantization of Q8_0 files.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_gguf};
+use batch_forge::loaders::gguf::{GgmlType, GgufFile, MetaValue};
+use batch_forge::loaders::gguf_write::{GgufPlan, GgufWriter};
+use batch_forge::quant::{dequantize, encode};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn sha256(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn options(ftype: FileType, flags: &[Value]) -> QuantizeOptions {
+    let flag = |f: &str| flags.iter().any(|v| v.as_str() == Some(f));
+    QuantizeOptions { ftype, pure: flag("--pure"), allow_requantize: flag("--allow-requantize") }
+}
+
+#[test]
+fn every_file_type_is_byte_identical_to_llama_quantize() {
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(common::fixture("quantize/expected.json")).unwrap()).unwrap();
+    let cases = expected.as_array().unwrap();
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    let dir = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for case in cases {
+        let input = common::fixture(case["input"].as_str().unwrap());
+        let ftype = FileType::parse(case["type"].as_str().unwrap()).unwrap();
+        let flags = case["flags"].as_array().unwrap();
+        let out = dir.path().join("out.gguf");
+        quantize_gguf(&input, &out, &options(ftype, flags), |_, _, _| {}).unwrap();
+        let size = std::fs::metadata(&out).unwrap().len();
+        if sha256(&out) != case["sha256"].as_str().unwrap() {
+            failures.push(format!(
+                "{} {} {flags:?}: {size} bytes, llama-quantize {}",
+                case["input"],
+                ftype.name(),
+                case["bytes"]
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "differ from llama-quantize:\n{}", failures.join("\n"));
+}
+
+/// The K-quant fixture really holds K blocks and the mix rules fire: Q4_K_M on a 2-layer
+/// model raises attn_v and ffn_down of the last layer (`use_more_bits`: the last eighth) to Q6_K.
+#[test]
+fn q4_k_m_mixes_types_as_llama_cpp_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.gguf");
+    let opts = QuantizeOptions { ftype: FileType::Q4KM, pure: false, allow_requantize: false };
+    quantize_gguf(&common::fixture("quantize/tiny-llama-k.f16.gguf"), &out, &opts, |_, _, _| {}).unwrap();
+    let f = GgufFile::open(&out).unwrap();
+    let ty = |n: &str| f.tensor(n).unwrap().info.ggml_type;
+    assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q4K);
+    assert_eq!(ty("blk.0.attn_v.weight"), GgmlType::Q4K);
+    assert_eq!(ty("blk.1.attn_v.weight"), GgmlType::Q6K);
+    assert_eq!(ty("blk.0.ffn_down.weight"), GgmlType::Q4K);
+    assert_eq!(ty("blk.1.ffn_down.weight"), GgmlType::Q6K);
+    assert_eq!(ty("output.weight"), GgmlType::Q6K);
+    assert_eq!(ty("blk.0.attn_norm.weight"), GgmlType::F32);
+    assert_eq!(f.get("general.file_type"), Some(&MetaValue::U32(15)));
+    // Table order: non-layer tensors first, then by layer, names sorted.
+    let names: Vec<&str> = f.tensor_infos().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(&names[..3], ["output.weight", "output_norm.weight", "token_embd.weight"]);
+}
+
+/// Quantized values decode to within one step of the grid of the original.
+#[test]
+fn quantizers_round_trip_within_their_step() {
+    let mut seed = 7u64;
+    let mut rand = || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    // Awkward magnitudes: small (f16-subnormal scales), huge, an all-zero block, one spike.
+    let mut x: Vec<f32> = (0..1024).map(|i| rand() * if i < 256 { 1e-2 } else { 3e4 }).collect();
+    x[512..768].fill(0.0);
+    x[900] = 9e4;
+    for (ty, steps) in [
+        (GgmlType::Q8_0, 127.0),
+        (GgmlType::Q4_0, 7.0),
+        (GgmlType::Q4_1, 15.0),
+        (GgmlType::Q5_0, 15.0),
+        (GgmlType::Q5_1, 31.0),
+        (GgmlType::Q4K, 15.0 / 2.0),
+        (GgmlType::Q5K, 31.0 / 2.0),
+        (GgmlType::Q6K, 31.0 / 2.0),
+    ] {
+        let y = dequantize(ty, &encode::quantize(ty, &x).unwrap()).unwrap();
+        let bs = ty.block_size() as usize;
+        for (b, (xb, yb)) in x.chunks(bs).zip(y.chunks(bs)).enumerate() {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let err = xb.iter().zip(yb).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(err <= amax / steps * 1.01 + 1e-30, "{} block {b}: error {err} vs amax {amax}", ty.name());
+        }
+    }
+    let nan = [f32::NAN; 32];
+    assert!(encode::quantize(GgmlType::Q4_0, &nan).unwrap_err().contains("NaN"));
+    assert!(encode::quantize(GgmlType::Q4K, &[0.0; 32]).is_err());
+}
+
+fn forge(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_forge")).args(args).output().unwrap()
+}
+
+/// From the command line, as a user types it; bad input gets one-line errors and leaves
+/// no file behind.
+#[test]
+fn quantize_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = common::fixture("tiny-llama/tiny-llama.f32.gguf");
+    let out = dir.path().join("q4.gguf");
+    let o = forge(&["quantize", input.to_str().unwrap(), out.to_str().unwrap(), "--type", "q4_0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("Q4_0"));
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(common::fixture("tiny-llama/tiny-llama.q4_0.gguf")).unwrap()
+    );
+    // The written file runs.
+    let g = forge(&["generate", "-m", out.to_str().unwrap(), "-n", "4", "--temperature", "0", "hello"]);
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+
+    let fail = |args: &[&str], want: &str| {
+        let o = forge(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+    };
+    let q8 = common::fixture("tiny-llama/tiny-llama.q8_0.gguf");
+    let bad = dir.path().join("bad.gguf");
+    fail(&["quantize", q8.to_str().unwrap(), bad.to_str().unwrap(), "--type", "q4_0"], "--allow-requantize");
+    fail(&["quantize", input.to_str().unwrap(), bad.to_str().unwrap(), "--type", "q3_k"], "unknown type");
+    fail(&["quantize", input.to_str().unwrap(), input.to_str().unwrap(), "--type", "q8_0"], "is the input");
+    let truncated = dir.path().join("truncated.gguf");
+    let bytes = std::fs::read(&input).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    fail(&["quantize", truncated.to_str().unwrap(), bad.to_str().unwrap(), "--type", "q8_0"], "truncated");
+    fail(&["quantize", "/nonexistent.gguf", bad.to_str().unwrap(), "--type", "q8_0"], "cannot open");
+    // A NaN weight: refused, and neither the output nor its partial file is left.
+    let mut plan = GgufPlan::default();
+    plan.set("general.architecture", MetaValue::String("llama".into()));
+    plan.add_tensor("blk.0.attn_q.weight", &[32, 2], GgmlType::F32).unwrap();
+    let mut w = GgufWriter::new(Vec::new(), plan).unwrap();
+    let mut values = vec![0.5f32; 64];
+    values[40] = f32::NAN;
+    w.write_tensor(&values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let nan_file = dir.path().join("nan.gguf");
+    std::fs::write(&nan_file, w.finish().unwrap()).unwrap();
+    fail(&["quantize", nan_file.to_str().unwrap(), bad.to_str().unwrap(), "--type", "q8_0"], "NaN");
+    assert!(!bad.exists() && !dir.path().join("bad.gguf.part").exists());
+}
