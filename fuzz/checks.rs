@@ -201,6 +201,27 @@ pub fn gguf(data: &[u8]) {
             let _ = t.render(&[batch_forge::chat::Message::new("user", "hi")], true);
         }
     }
+    // Its quantization: a plan or an error; a small file's tensors convert or fail cleanly.
+    {
+        use batch_forge::convert::quantize::{FileType, QuantizeOptions, Source, convert_tensor, plan_tensors};
+        let src = Source::from_gguf(&g);
+        for ftype in [FileType::Q4KM, FileType::Q8_0] {
+            let opts = QuantizeOptions { ftype, pure: false, allow_requantize: true };
+            if let Ok(plans) = plan_tensors(&src, &opts)
+                && data.len() < 1 << 16
+            {
+                for p in &plans {
+                    let st = src.tensors.iter().find(|s| s.name == p.name).expect("planned from the table");
+                    if let Ok(bytes) = (st.load)()
+                        && let Ok(out) = convert_tensor(p, &bytes)
+                    {
+                        let n: u64 = p.dims.iter().product();
+                        assert_eq!(Some(out.len() as u64), p.to.bytes_for(n), "{}", p.name);
+                    }
+                }
+            }
+        }
+    }
     // A Llama model from it: a config and a model, or an error; a small model that loads
     // runs a forward pass without panicking.
     if let Ok(config) = batch_forge::loaders::LlamaConfig::from_gguf(&g)

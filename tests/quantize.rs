@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_gguf};
+use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_file};
 use batch_forge::loaders::gguf::{GgmlType, GgufFile, MetaValue};
 use batch_forge::loaders::gguf_write::{GgufPlan, GgufWriter};
 use batch_forge::quant::{dequantize, encode};
@@ -41,7 +41,7 @@ fn every_file_type_is_byte_identical_to_llama_quantize() {
         let ftype = FileType::parse(case["type"].as_str().unwrap()).unwrap();
         let flags = case["flags"].as_array().unwrap();
         let out = dir.path().join("out.gguf");
-        quantize_gguf(&input, &out, &options(ftype, flags), |_, _, _| {}).unwrap();
+        quantize_file(&input, &out, &options(ftype, flags), |_, _, _| {}).unwrap();
         let size = std::fs::metadata(&out).unwrap().len();
         if sha256(&out) != case["sha256"].as_str().unwrap() {
             failures.push(format!(
@@ -62,7 +62,7 @@ fn q4_k_m_mixes_types_as_llama_cpp_does() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("m.gguf");
     let opts = QuantizeOptions { ftype: FileType::Q4KM, pure: false, allow_requantize: false };
-    quantize_gguf(&common::fixture("quantize/tiny-llama-k.f16.gguf"), &out, &opts, |_, _, _| {}).unwrap();
+    quantize_file(&common::fixture("quantize/tiny-llama-k.f16.gguf"), &out, &opts, |_, _, _| {}).unwrap();
     let f = GgufFile::open(&out).unwrap();
     let ty = |n: &str| f.tensor(n).unwrap().info.ggml_type;
     assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q4K);
@@ -162,4 +162,52 @@ fn quantize_from_the_command_line() {
     std::fs::write(&nan_file, w.finish().unwrap()).unwrap();
     fail(&["quantize", nan_file.to_str().unwrap(), bad.to_str().unwrap(), "--type", "q8_0"], "NaN");
     assert!(!bad.exists() && !dir.path().join("bad.gguf.part").exists());
+}
+
+/// An HF folder quantizes to the file llama.cpp's `convert_hf_to_gguf.py` + `llama-quantize`
+/// write: every tensor (name, type, dims, bytes: q/k rows permuted, GPT-2's Conv1D
+/// transposed, K-quant mixes), the tokenizer and the hyper-parameters. Only cosmetic
+/// keys (`general.name`, `general.size_label`) may differ.
+#[test]
+fn hf_folders_quantize_like_convert_then_llama_quantize() {
+    let dir = tempfile::tempdir().unwrap();
+    for (folder, ftype, want) in [
+        ("tiny-llama", FileType::Q8_0, "tiny-llama/tiny-llama.q8_0.gguf"),
+        ("tiny-llama-untied", FileType::Q4_1, "tiny-llama-untied/tiny-llama-untied.q4_1.gguf"),
+        ("tiny-llama-k", FileType::Q4KM, "tiny-llama-k/tiny-llama-k.q4_k.gguf"),
+        ("tiny-gpt2", FileType::Q8_0, "tiny-gpt2/tiny-gpt2.q8_0.gguf"),
+    ] {
+        let out = dir.path().join(format!("{folder}.gguf"));
+        let opts = QuantizeOptions { ftype, pure: false, allow_requantize: false };
+        quantize_file(&common::fixture(folder), &out, &opts, |_, _, _| {}).unwrap();
+        let (ours, theirs) = (GgufFile::open(&out).unwrap(), GgufFile::open(&common::fixture(want)).unwrap());
+        let names = |f: &GgufFile| {
+            let mut n: Vec<String> = f.tensor_infos().iter().map(|t| t.name.clone()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&ours), names(&theirs), "{folder}");
+        for t in theirs.tensor_infos() {
+            let o = ours.tensor(&t.name).unwrap();
+            assert_eq!((o.info.ggml_type, &o.info.dims), (t.ggml_type, &t.dims), "{folder} {}", t.name);
+            assert!(o.bytes == theirs.tensor(&t.name).unwrap().bytes, "{folder} {}: bytes differ", t.name);
+        }
+        for (k, v) in theirs.metadata() {
+            if ["general.name", "general.size_label"].contains(&k.as_str()) || k.ends_with("add_eos_token") {
+                continue;
+            }
+            if k.ends_with("add_bos_token") && ours.get(k).is_none() {
+                assert_eq!(v, &MetaValue::Bool(false), "{folder} {k}"); // absent reads as false
+                continue;
+            }
+            assert_eq!(ours.get(k), Some(v), "{folder} {k}");
+        }
+    }
+    // A model_type with no GGUF layout here is refused by name.
+    let (_tmp, copy) = common::fixture_copy("tiny-llama");
+    let cfg = std::fs::read_to_string(copy.join("config.json")).unwrap().replace("\"llama\"", "\"mistral\"");
+    std::fs::write(copy.join("config.json"), cfg).unwrap();
+    let opts = QuantizeOptions { ftype: FileType::Q8_0, pure: false, allow_requantize: false };
+    let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("mistral"), "{err:#}");
 }

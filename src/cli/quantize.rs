@@ -1,18 +1,19 @@
-//! `forge quantize IN.gguf OUT.gguf --type q4_0`: llama-quantize's file types, type
-//! choices and bytes ([`batch_forge::convert::quantize`]).
+//! `forge quantize IN OUT.gguf --type q4_0`: llama-quantize's file types, type choices and
+//! bytes ([`batch_forge::convert::quantize`]); IN is a GGUF file or an HF folder.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
 
-use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_gguf};
+use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_file};
 
 use super::outln;
 
 #[derive(Args)]
 pub struct QuantizeArgs {
-    /// The GGUF file to read (F32/F16/BF16, or quantized with --allow-requantize).
+    /// A GGUF file (F32/F16/BF16, or quantized with --allow-requantize), or an HF model
+    /// folder (Llama or GPT-2: config.json, safetensors, tokenizer.json).
     input: PathBuf,
     /// The GGUF file to write.
     output: PathBuf,
@@ -39,7 +40,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let opts = QuantizeOptions { ftype: args.ftype, pure: args.pure, allow_requantize: args.allow_requantize };
     let start = Instant::now();
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-    let tensors = quantize_gguf(&args.input, &args.output, &opts, |i, n, t| {
+    let tensors = quantize_file(&args.input, &args.output, &opts, |i, n, t| {
         let n_el: u64 = t.dims.iter().product();
         let (a, b) = (t.from.bytes_for(n_el).unwrap_or(0), t.to.bytes_for(n_el).unwrap_or(0));
         bytes_in += a;

@@ -1,4 +1,6 @@
-//! Writing model files: quantizing a GGUF into another file type ([`quantize`]), as
-//! llama.cpp's `llama-quantize` does, byte for byte.
+//! Writing model files: quantizing a GGUF file, or an HF folder converted on the fly
+//! ([`from_hf`]), into another file type ([`quantize`]), as llama.cpp's `llama-quantize`
+//! does, byte for byte.
 
+pub mod from_hf;
 pub mod quantize;

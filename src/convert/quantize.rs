@@ -18,6 +18,7 @@
 //! `general.quantization_version` and `general.file_type` set last, so the output is
 //! byte-identical to llama-quantize's (tests/quantize.rs).
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
@@ -158,7 +159,7 @@ fn layer_of(name: &str) -> i64 {
 
 /// llama-quantize's rule: 2+ dims, a `weight`, not a norm, router, position or token-type table.
 fn allows_quantization(name: &str, dims: &[u64]) -> bool {
-    let n_dims = dims.iter().rposition(|&d| d > 1).map_or(1, |i| i + 1);
+    let n_dims = dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
     n_dims >= 2
         && name.ends_with("weight")
         && !name.contains("_norm.weight")
@@ -209,13 +210,14 @@ fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
 }
 
 /// Each tensor's target type, in llama.cpp's table order.
-pub fn plan_tensors(src: &GgufFile, opts: &QuantizeOptions) -> anyhow::Result<Vec<TensorPlan>> {
-    let mut infos: Vec<_> = src.tensor_infos().iter().collect();
+pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> anyhow::Result<Vec<TensorPlan>> {
+    let mut infos: Vec<&SourceTensor> = src.tensors.iter().collect();
     infos.sort_by(|a, b| (layer_of(&a.name), &a.name).cmp(&(layer_of(&b.name), &b.name)));
     let tied = !infos.iter().any(|t| t.name == "output.weight");
     let arch = src.get("general.architecture").and_then(MetaValue::as_str).unwrap_or("");
     let n_layer = match src.get(&format!("{arch}.block_count")).and_then(MetaValue::as_u64) {
-        Some(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        // Bounded so that llama.cpp's `7·n/8` cannot overflow on a hostile count.
+        Some(n) => n.min(1 << 32) as i64,
         None => infos.iter().map(|t| layer_of(&t.name) + 1).max().unwrap_or(0),
     };
     let n_attn_v = infos.iter().filter(|t| category(&t.name) == Category::AttnVLike).count() as i64;
@@ -225,9 +227,10 @@ pub fn plan_tensors(src: &GgufFile, opts: &QuantizeOptions) -> anyhow::Result<Ve
     let mut plans = Vec::with_capacity(infos.len());
     for info in infos {
         // ggml writes dims without trailing ones.
-        let n_dims = info.dims.iter().rposition(|&d| d > 1).map_or(1, |i| i + 1);
-        let dims = info.dims[..n_dims].to_vec();
-        let mut to = info.ggml_type;
+        let n_dims = info.dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
+        let mut dims = info.dims.iter().copied().take(n_dims).collect::<Vec<u64>>();
+        dims.resize(n_dims, 1);
+        let mut to = info.ty;
         if allows_quantization(&info.name, &dims) {
             to = default;
             if default.block_size() > 1 {
@@ -258,30 +261,30 @@ pub fn plan_tensors(src: &GgufFile, opts: &QuantizeOptions) -> anyhow::Result<Ve
                 to = fallback(to, dims[0]);
             }
         }
-        if to != info.ggml_type {
+        if to != info.ty {
             ensure!(
-                quant::SUPPORTED.contains(&info.ggml_type),
+                quant::SUPPORTED.contains(&info.ty),
                 "tensor {:?} is {}, which cannot be decoded for re-quantization",
                 info.name,
-                info.ggml_type.name()
+                info.ty.name()
             );
             ensure!(
-                opts.allow_requantize || info.ggml_type.block_size() == 1,
+                opts.allow_requantize || info.ty.block_size() == 1,
                 "tensor {:?} is already {}: re-quantizing it loses precision twice (pass --allow-requantize to do it anyway)",
                 info.name,
-                info.ggml_type.name()
+                info.ty.name()
             );
         }
-        plans.push(TensorPlan { name: info.name.clone(), dims, from: info.ggml_type, to });
+        plans.push(TensorPlan { name: info.name.clone(), dims, from: info.ty, to });
     }
     Ok(plans)
 }
 
 /// The output's metadata and table: the input's keys in order, with the quantization
 /// version and file type set last and split keys removed.
-pub fn plan_file(src: &GgufFile, tensors: &[TensorPlan], ftype: FileType) -> anyhow::Result<GgufPlan> {
+pub fn plan_file(src: &Source, tensors: &[TensorPlan], ftype: FileType) -> anyhow::Result<GgufPlan> {
     let mut plan = GgufPlan::default();
-    for (k, v) in src.metadata() {
+    for (k, v) in &src.metadata {
         plan.set(k, v.clone());
     }
     plan.set("general.quantization_version", MetaValue::U32(2));
@@ -295,61 +298,106 @@ pub fn plan_file(src: &GgufFile, tensors: &[TensorPlan], ftype: FileType) -> any
     Ok(plan)
 }
 
-/// Rows converted per slab (bounds the f32 copy of a large tensor to ~64 MiB).
-const SLAB_VALUES: usize = 1 << 24;
-
 /// One tensor's bytes as `to`: copied if the type is unchanged, else decoded to f32 and
 /// encoded row by row (rows in parallel; each row's bytes depend only on the row).
-fn convert(t: &TensorPlan, bytes: &[u8], mut sink: impl FnMut(&[u8]) -> anyhow::Result<()>) -> anyhow::Result<()> {
+pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> anyhow::Result<Cow<'b, [u8]>> {
     if t.from == t.to {
-        return sink(bytes);
+        return Ok(Cow::Borrowed(bytes));
     }
-    let ncols = t.dims[0] as usize;
     let row_in = t.from.bytes_for(t.dims[0]).context("row size")? as usize;
-    let rows_per_slab = (SLAB_VALUES / ncols).max(1);
-    for slab in bytes.chunks(row_in * rows_per_slab) {
-        let rows: Vec<Vec<u8>> = slab
-            .par_chunks(row_in)
-            .map(|row| {
-                let values = quant::dequantize(t.from, row).map_err(anyhow::Error::msg)?;
-                encode::quantize(t.to, &values).map_err(anyhow::Error::msg)
-            })
-            .collect::<anyhow::Result<_>>()
-            .with_context(|| format!("tensor {:?} to {}", t.name, t.to.name()))?;
-        sink(&rows.concat())?;
-    }
-    Ok(())
+    ensure!(row_in > 0 && bytes.len().is_multiple_of(row_in), "tensor {:?}: bytes are not whole rows", t.name);
+    let rows: Vec<Vec<u8>> = bytes
+        .par_chunks(row_in)
+        .map(|row| {
+            let values = quant::dequantize(t.from, row).map_err(anyhow::Error::msg)?;
+            encode::quantize(t.to, &values).map_err(anyhow::Error::msg)
+        })
+        .collect::<anyhow::Result<_>>()
+        .with_context(|| format!("tensor {:?} to {}", t.name, t.to.name()))?;
+    Ok(Cow::Owned(rows.concat()))
 }
 
-/// Quantize `input` (GGUF) into `output`, calling `progress(i, n, plan)` before each tensor.
-/// The file is written beside `output` and renamed into place only when complete.
-pub fn quantize_gguf(
+/// A model's contents as a GGUF file holds them: metadata in order, and tensors (ggml
+/// names, dims and types) whose bytes load on demand, so that only one tensor at a time
+/// need be in memory.
+pub struct Source<'a> {
+    pub metadata: Vec<(String, MetaValue)>,
+    pub tensors: Vec<SourceTensor<'a>>,
+}
+
+type LoadBytes<'a> = Box<dyn Fn() -> anyhow::Result<Cow<'a, [u8]>> + 'a>;
+
+pub struct SourceTensor<'a> {
+    pub name: String,
+    /// ggml order: `dims[0]` is the row length.
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+    pub load: LoadBytes<'a>,
+}
+
+impl<'a> Source<'a> {
+    pub fn get(&self, key: &str) -> Option<&MetaValue> {
+        self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    /// A GGUF file, as it is.
+    pub fn from_gguf(g: &'a GgufFile) -> Source<'a> {
+        let tensors = g
+            .tensor_infos()
+            .iter()
+            .map(|info| {
+                let name = info.name.clone();
+                let load: LoadBytes<'a> = Box::new(move || Ok(Cow::Borrowed(g.tensor(&name).expect("listed").bytes)));
+                SourceTensor { name: info.name.clone(), dims: info.dims.clone(), ty: info.ggml_type, load }
+            })
+            .collect();
+        Source { metadata: g.metadata().to_vec(), tensors }
+    }
+}
+
+/// Quantize a model (a GGUF file, or an HF folder converted on the fly) into `output`,
+/// calling `progress(i, n, plan)` before each tensor. The file is written beside `output`
+/// and renamed into place only when complete.
+pub fn quantize_file(
     input: &Path,
     output: &Path,
     opts: &QuantizeOptions,
-    mut progress: impl FnMut(usize, usize, &TensorPlan),
+    progress: impl FnMut(usize, usize, &TensorPlan),
 ) -> anyhow::Result<Vec<TensorPlan>> {
-    let src = GgufFile::open(input)?;
     if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize())
         && a == b
     {
         bail!("the output {} is the input file", output.display());
     }
-    let tensors = plan_tensors(&src, opts)?;
-    let plan = plan_file(&src, &tensors, opts.ftype)?;
-    let tmp = output.with_extension("gguf.part");
+    if input.is_dir() {
+        let model = super::from_hf::HfModel::open(input)?;
+        quantize(&model.source()?, output, opts, progress)
+    } else {
+        let g = GgufFile::open(input)?;
+        quantize(&Source::from_gguf(&g), output, opts, progress)
+    }
+}
+
+/// Quantize `src` into the GGUF file `output` (see [`quantize_file`]).
+pub fn quantize(
+    src: &Source,
+    output: &Path,
+    opts: &QuantizeOptions,
+    mut progress: impl FnMut(usize, usize, &TensorPlan),
+) -> anyhow::Result<Vec<TensorPlan>> {
+    let tensors = plan_tensors(src, opts)?;
+    let plan = plan_file(src, &tensors, opts.ftype)?;
+    let mut name = output.file_name().unwrap_or_default().to_owned();
+    name.push(".part");
+    let tmp = output.with_file_name(name);
     let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let result = (|| {
         let mut w = GgufWriter::new(BufWriter::new(file), plan)?;
         for (i, t) in tensors.iter().enumerate() {
             progress(i, tensors.len(), t);
-            let bytes = src.tensor(&t.name).expect("planned from the table").bytes;
-            let mut out = Vec::new();
-            convert(t, bytes, |b| {
-                out.extend_from_slice(b);
-                Ok(())
-            })?;
-            w.write_tensor(&out)?;
+            let st = src.tensors.iter().find(|s| s.name == t.name).expect("planned from the table");
+            let bytes = (st.load)()?;
+            w.write_tensor(&convert_tensor(t, &bytes)?)?;
         }
         w.finish()?.into_inner().map_err(|e| e.into_error())?.sync_all()?;
         std::fs::rename(&tmp, output)

@@ -1,0 +1,404 @@
+//! An HF model folder (config.json, safetensors, tokenizer.json) as GGUF contents, the way
+//! llama.cpp's `convert_hf_to_gguf.py` lays them out, for `forge quantize DIR OUT.gguf`.
+//!
+//! - **Names:** HF tensor names become llama.cpp's (`model.layers.3.self_attn.q_proj.weight`
+//!   → `blk.3.attn_q.weight`, GPT-2's `h.3.attn.c_attn.weight` → `blk.3.attn_qkv.weight`).
+//! - **Llama q/k rows** are permuted per head from HF's rotate-halves order to the
+//!   neighbour pairs llama.cpp's RoPE rotates (row `i·hd/2 + j` of a head moves to `2j + i`).
+//! - **GPT-2's Conv1D** weights are stored `[in, out]`: transposed to `[out, in]`.
+//! - **Types:** 1-D tensors (norms, biases) become F32, as llama.cpp needs; the rest keep
+//!   the folder's F32/F16/BF16 until the quantizer converts them.
+//! - **Metadata:** the architecture's hyper-parameters, and the tokenizer as
+//!   `tokenizer.ggml.*` (byte-level BPE tokens, types, merges, pre-tokenizer `gpt-2`,
+//!   BOS/EOS, `add_bos_token`, the chat template).
+//!
+//! Tensors the converter would not know are refused by name rather than dropped.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+use super::quantize::{Source, SourceTensor};
+use crate::loaders::WeightStore;
+use crate::loaders::config::Gpt2Config;
+use crate::loaders::gguf::{GgmlType, MetaValue};
+use crate::loaders::llama_config::LlamaConfig;
+use crate::loaders::safetensors::Dtype;
+
+enum Arch {
+    Llama(LlamaConfig),
+    Gpt2(Gpt2Config),
+}
+
+/// An opened HF folder.
+pub struct HfModel {
+    dir: PathBuf,
+    arch: Arch,
+    store: WeightStore,
+}
+
+fn read_json(path: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))
+}
+
+fn u32v(v: usize) -> MetaValue {
+    MetaValue::U32(u32::try_from(v).unwrap_or(u32::MAX))
+}
+
+impl HfModel {
+    pub fn open(dir: &Path) -> anyhow::Result<Self> {
+        let config_path = dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
+        let model_type = serde_json::from_str::<Value>(&text)
+            .with_context(|| format!("{}: invalid JSON", config_path.display()))?["model_type"]
+            .as_str()
+            .map(str::to_owned);
+        let bad = |e: String| anyhow::anyhow!("{}: {e}", config_path.display());
+        let arch = match model_type.as_deref() {
+            Some("llama") => Arch::Llama(LlamaConfig::from_hf_json(&text).map_err(bad)?),
+            Some("gpt2") | None => Arch::Gpt2(Gpt2Config::from_json(&text).map_err(bad)?),
+            Some(other) => bail!("{}: model_type {other:?} cannot be converted (llama, gpt2)", config_path.display()),
+        };
+        let store = WeightStore::open_dir(dir)?;
+        Ok(HfModel { dir: dir.to_owned(), arch, store })
+    }
+
+    /// The GGUF contents: metadata and tensors (loaded, permuted or transposed on demand).
+    pub fn source(&self) -> anyhow::Result<Source<'_>> {
+        let mut metadata = Vec::new();
+        let mut set = |k: &str, v: MetaValue| metadata.push((k.to_owned(), v));
+        let name = self.dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let (arch, vocab_size) = match &self.arch {
+            Arch::Llama(c) => ("llama", c.vocab_size),
+            Arch::Gpt2(c) => ("gpt2", c.vocab_size),
+        };
+        set("general.architecture", MetaValue::String(arch.into()));
+        set("general.type", MetaValue::String("model".into()));
+        set("general.name", MetaValue::String(name.unwrap_or_else(|| "model".into())));
+        match &self.arch {
+            Arch::Llama(c) => {
+                set("llama.block_count", u32v(c.n_layer));
+                set("llama.context_length", u32v(c.context_length));
+                set("llama.embedding_length", u32v(c.hidden_size));
+                set("llama.feed_forward_length", u32v(c.intermediate_size));
+                set("llama.attention.head_count", u32v(c.n_head));
+                set("llama.attention.head_count_kv", u32v(c.n_kv_head));
+                set("llama.rope.freq_base", MetaValue::F32(c.rope_theta));
+                set("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps));
+                set("llama.attention.key_length", u32v(c.head_dim));
+                set("llama.attention.value_length", u32v(c.head_dim));
+                set("llama.vocab_size", u32v(c.vocab_size));
+                set("llama.rope.dimension_count", u32v(c.head_dim));
+            }
+            Arch::Gpt2(c) => {
+                set("gpt2.block_count", u32v(c.n_layer));
+                set("gpt2.context_length", u32v(c.n_positions));
+                set("gpt2.embedding_length", u32v(c.n_embd));
+                set("gpt2.feed_forward_length", u32v(c.n_inner));
+                set("gpt2.attention.head_count", u32v(c.n_head));
+                set("gpt2.attention.layer_norm_epsilon", MetaValue::F32(c.layer_norm_epsilon));
+            }
+        }
+        let (bos, eos) = match &self.arch {
+            Arch::Llama(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
+            Arch::Gpt2(c) => (Some(c.bos_token_id), Some(c.eos_token_id)),
+        };
+        metadata.extend(self.tokenizer_metadata(vocab_size, bos, eos)?);
+        let tensors = match &self.arch {
+            Arch::Llama(c) => self.llama_tensors(c)?,
+            Arch::Gpt2(c) => self.gpt2_tensors(c)?,
+        };
+        Ok(Source { metadata, tensors })
+    }
+
+    /// `tokenizer.ggml.*` from tokenizer.json (or vocab.json + merges.txt) and
+    /// tokenizer_config.json.
+    fn tokenizer_metadata(
+        &self,
+        vocab_size: usize,
+        bos: Option<u32>,
+        eos: Option<u32>,
+    ) -> anyhow::Result<Vec<(String, MetaValue)>> {
+        let tj = self.dir.join("tokenizer.json");
+        type Parts = (Vec<(String, u64)>, Vec<String>, Vec<(String, u64, bool)>);
+        let (vocab, merges, added): Parts = if tj.is_file() {
+            let root = read_json(&tj)?;
+            let model = &root["model"];
+            ensure!(
+                model["type"] == "BPE",
+                "{}: only BPE tokenizers convert (model.type {})",
+                tj.display(),
+                model["type"]
+            );
+            let vocab = model["vocab"].as_object().with_context(|| format!("{}: no model.vocab", tj.display()))?;
+            let vocab = vocab.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX))).collect();
+            let merges = model["merges"].as_array().with_context(|| format!("{}: no model.merges", tj.display()))?;
+            let merges = merges
+                .iter()
+                .map(|m| match m {
+                    Value::String(s) => Ok(s.clone()),
+                    Value::Array(p) if p.len() == 2 && p.iter().all(Value::is_string) => {
+                        Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))
+                    }
+                    _ => bail!("{}: malformed merge {m}", tj.display()),
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let added = root["added_tokens"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| {
+                    Some((
+                        t["content"].as_str()?.to_owned(),
+                        t["id"].as_u64()?,
+                        t["special"].as_bool().unwrap_or(false),
+                    ))
+                })
+                .collect();
+            (vocab, merges, added)
+        } else {
+            let vj = self.dir.join("vocab.json");
+            let vocab = read_json(&vj)?;
+            let vocab = vocab.as_object().with_context(|| format!("{}: not an object", vj.display()))?;
+            let vocab: Vec<(String, u64)> =
+                vocab.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX))).collect();
+            let mp = self.dir.join("merges.txt");
+            let text = std::fs::read_to_string(&mp).with_context(|| format!("cannot read {}", mp.display()))?;
+            let merges =
+                text.lines().filter(|l| !l.is_empty() && !l.starts_with("#version")).map(str::to_owned).collect();
+            let eot = vocab.iter().find(|(k, _)| k == "<|endoftext|>").map(|(k, id)| (k.clone(), *id, true));
+            (vocab, merges, eot.into_iter().collect())
+        };
+        // One text per id up to the model's vocabulary; ids no token uses are padding.
+        let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
+        let mut place = |text: &str, id: u64, ty: i32| -> anyhow::Result<()> {
+            let slot = usize::try_from(id).ok().and_then(|i| tokens.get_mut(i));
+            let slot =
+                slot.with_context(|| format!("token {text:?} has id {id}, outside the vocabulary of {vocab_size}"))?;
+            *slot = Some((text.to_owned(), ty));
+            Ok(())
+        };
+        for (text, id) in &vocab {
+            place(text, *id, 1)?;
+        }
+        for (text, id, special) in &added {
+            place(text, *id, if *special { 3 } else { 4 })?;
+        }
+        let (texts, types): (Vec<MetaValue>, Vec<MetaValue>) = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (text, ty) = t.unwrap_or_else(|| (format!("[PAD{i}]"), 5));
+                (MetaValue::String(text), MetaValue::I32(ty))
+            })
+            .unzip();
+        let lookup = |text: &str| -> Option<u32> {
+            added
+                .iter()
+                .map(|(t, id, _)| (t, id))
+                .chain(vocab.iter().map(|(t, id)| (t, id)))
+                .find_map(|(t, id)| if t == text { u32::try_from(*id).ok() } else { None })
+        };
+        let tc_path = self.dir.join("tokenizer_config.json");
+        let tc = if tc_path.is_file() { read_json(&tc_path)? } else { Value::Null };
+        let token_of = |key: &str| -> Option<u32> {
+            let v = &tc[key];
+            lookup(v.as_str().or_else(|| v["content"].as_str())?)
+        };
+        let mut meta = vec![
+            ("tokenizer.ggml.model".to_owned(), MetaValue::String("gpt2".into())),
+            ("tokenizer.ggml.pre".to_owned(), MetaValue::String("gpt-2".into())),
+            ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(8, texts)),
+            ("tokenizer.ggml.token_type".to_owned(), MetaValue::Array(5, types)),
+            (
+                "tokenizer.ggml.merges".to_owned(),
+                MetaValue::Array(8, merges.into_iter().map(MetaValue::String).collect()),
+            ),
+        ];
+        let ids = [
+            ("bos", token_of("bos_token").or(bos)),
+            ("eos", token_of("eos_token").or(eos)),
+            ("unknown", token_of("unk_token")),
+            ("padding", token_of("pad_token")),
+        ];
+        for (name, id) in ids {
+            if let Some(id) = id {
+                meta.push((format!("tokenizer.ggml.{name}_token_id"), MetaValue::U32(id)));
+            }
+        }
+        for key in ["add_bos_token", "add_eos_token"] {
+            if let Some(b) = tc[key].as_bool() {
+                meta.push((format!("tokenizer.ggml.{key}"), MetaValue::Bool(b)));
+            }
+        }
+        let jinja = self.dir.join("chat_template.jinja");
+        let template = if jinja.is_file() {
+            Some(std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?)
+        } else {
+            match &tc["chat_template"] {
+                Value::String(s) => Some(s.clone()),
+                Value::Array(named) => named
+                    .iter()
+                    .find(|t| t["name"] == "default")
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_owned),
+                _ => None,
+            }
+        };
+        if let Some(t) = template {
+            meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(t)));
+        }
+        Ok(meta)
+    }
+
+    /// One HF tensor as a GGUF tensor; `reorder` rearranges its bytes (rows of
+    /// `[rows, cols]` elements of `elem` bytes).
+    fn tensor<'a>(&'a self, hf: &str, gguf: &str, reorder: Reorder) -> anyhow::Result<SourceTensor<'a>> {
+        let view = self.store.get(hf).with_context(|| format!("tensor {hf:?} is missing"))?;
+        let ty = match view.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            other => bail!("tensor {hf:?} is {other:?}; only F32, F16 and BF16 convert"),
+        };
+        let shape = view.shape.to_vec();
+        ensure!((1..=2).contains(&shape.len()), "tensor {hf:?} has shape {shape:?} (1 or 2 dims expected)");
+        let one_d = shape.len() == 1;
+        // ggml dims: innermost first.
+        let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        if let Reorder::Transpose = reorder {
+            dims.reverse();
+        }
+        let bytes = view.bytes;
+        let load = move || -> anyhow::Result<Cow<'a, [u8]>> {
+            if one_d && ty != GgmlType::F32 {
+                let values = crate::quant::dequantize(ty, bytes).map_err(anyhow::Error::msg)?;
+                return Ok(Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()));
+            }
+            let elem = if ty == GgmlType::F32 { 4 } else { 2 };
+            Ok(match reorder {
+                Reorder::None => Cow::Borrowed(bytes),
+                Reorder::RopePairs(n_head) => Cow::Owned(rope_pairs(bytes, shape[0], shape[1] * elem, n_head)?),
+                Reorder::Transpose => Cow::Owned(transpose(bytes, shape[0], shape[1], elem)),
+            })
+        };
+        Ok(SourceTensor {
+            name: gguf.to_owned(),
+            dims,
+            ty: if one_d { GgmlType::F32 } else { ty },
+            load: Box::new(load),
+        })
+    }
+
+    fn check_all_used(&self, used: &[String], ignorable: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        for t in self.store.tensors() {
+            if !used.iter().any(|u| u == t.name) && !ignorable(t.name) {
+                bail!("tensor {:?} has no GGUF name (not a tensor of this architecture)", t.name);
+            }
+        }
+        Ok(())
+    }
+
+    fn llama_tensors(&self, c: &LlamaConfig) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+        let mut map: Vec<(String, String, Reorder)> = vec![
+            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None),
+            ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::None),
+        ];
+        if !c.tie_word_embeddings || self.store.get("lm_head.weight").is_some() {
+            map.push(("lm_head.weight".into(), "output.weight".into(), Reorder::None));
+        }
+        for i in 0..c.n_layer {
+            let (hf, g) = (format!("model.layers.{i}."), format!("blk.{i}."));
+            for (h, n, r) in [
+                ("input_layernorm.weight", "attn_norm.weight", Reorder::None),
+                ("self_attn.q_proj.weight", "attn_q.weight", Reorder::RopePairs(c.n_head)),
+                ("self_attn.k_proj.weight", "attn_k.weight", Reorder::RopePairs(c.n_kv_head)),
+                ("self_attn.v_proj.weight", "attn_v.weight", Reorder::None),
+                ("self_attn.o_proj.weight", "attn_output.weight", Reorder::None),
+                ("post_attention_layernorm.weight", "ffn_norm.weight", Reorder::None),
+                ("mlp.gate_proj.weight", "ffn_gate.weight", Reorder::None),
+                ("mlp.up_proj.weight", "ffn_up.weight", Reorder::None),
+                ("mlp.down_proj.weight", "ffn_down.weight", Reorder::None),
+            ] {
+                map.push((hf.clone() + h, g.clone() + n, r));
+            }
+        }
+        let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
+        self.check_all_used(&used, |n| n.ends_with("rotary_emb.inv_freq"))?;
+        map.into_iter().map(|(h, g, r)| self.tensor(&h, &g, r)).collect()
+    }
+
+    fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+        let prefix = if self.store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
+        let mut map: Vec<(String, String, Reorder)> = vec![
+            ("wte.weight".into(), "token_embd.weight".into(), Reorder::None),
+            ("wpe.weight".into(), "position_embd.weight".into(), Reorder::None),
+            ("ln_f.weight".into(), "output_norm.weight".into(), Reorder::None),
+            ("ln_f.bias".into(), "output_norm.bias".into(), Reorder::None),
+        ];
+        for i in 0..c.n_layer {
+            for (h, n, conv1d) in [
+                ("ln_1", "attn_norm", false),
+                ("attn.c_attn", "attn_qkv", true),
+                ("attn.c_proj", "attn_output", true),
+                ("ln_2", "ffn_norm", false),
+                ("mlp.c_fc", "ffn_up", true),
+                ("mlp.c_proj", "ffn_down", true),
+            ] {
+                let w = if conv1d { Reorder::Transpose } else { Reorder::None };
+                map.push((format!("h.{i}.{h}.weight"), format!("blk.{i}.{n}.weight"), w));
+                map.push((format!("h.{i}.{h}.bias"), format!("blk.{i}.{n}.bias"), Reorder::None));
+            }
+        }
+        for m in &mut map {
+            m.0 = format!("{prefix}{}", m.0);
+        }
+        let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
+        // The tied head and attention-mask buffers carry no weights of their own.
+        self.check_all_used(&used, |n| {
+            n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")
+        })?;
+        map.into_iter().map(|(h, g, r)| self.tensor(&h, &g, r)).collect()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Reorder {
+    None,
+    /// Llama q/k rows, per head of `n` heads, from halves to neighbour pairs.
+    RopePairs(usize),
+    /// `[rows, cols]` → `[cols, rows]`.
+    Transpose,
+}
+
+/// Within each of `n_head` heads of `hd` rows, row `i·hd/2 + j` moves to `2j + i`.
+fn rope_pairs(bytes: &[u8], rows: usize, row_bytes: usize, n_head: usize) -> anyhow::Result<Vec<u8>> {
+    ensure!(n_head > 0 && rows.is_multiple_of(2 * n_head), "{rows} rows do not split into {n_head} heads of pairs");
+    let hd = rows / n_head;
+    let mut out = vec![0u8; bytes.len()];
+    for h in 0..n_head {
+        for i in 0..2 {
+            for j in 0..hd / 2 {
+                let (src, dst) = (h * hd + i * hd / 2 + j, h * hd + 2 * j + i);
+                out[dst * row_bytes..(dst + 1) * row_bytes]
+                    .copy_from_slice(&bytes[src * row_bytes..(src + 1) * row_bytes]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (src, dst) = ((r * cols + c) * elem, (c * rows + r) * elem);
+            out[dst..dst + elem].copy_from_slice(&bytes[src..src + elem]);
+        }
+    }
+    out
+}
