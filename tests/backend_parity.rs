@@ -230,7 +230,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
         }
     }
 
-    // The Llama ops, where the backend has them (the gpu backend does not yet).
+    // The Llama ops (every backend has them; a backend that refused would be skipped loudly).
     let probe = AttentionSpec {
         n_head: 2,
         n_kv_head: 1,

@@ -590,3 +590,46 @@ fn q8_0_quantizer_equals_llama_quantize() {
     }
     assert!(checked >= 15, "{checked} tensors");
 }
+
+/// The gpu backend runs every Llama file (quantized blocks dequantized at upload): HF's
+/// numbers stage by stage at the f32 tolerance, HF's greedy ids, and on SmolLM2 Q4_1 HF's
+/// logits within 2e-4 and its greedy ids (lavapipe in CI).
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_runs_llama_models_like_hf() {
+    use batch_forge::backend::gpu::{GpuBackend, GpuOptions};
+    let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
+    drop(probe);
+    let gpu = |model: &std::path::Path| -> Engine<GpuBackend> {
+        Engine::load(common::gpu_backend(GpuOptions::default()).unwrap(), model).unwrap()
+    };
+    for (label, model, reference, key) in model_files() {
+        let reference = Reference::open(&reference).unwrap();
+        let e = gpu(&model);
+        let v = run_verify(&e, &reference, tolerance::F32);
+        assert_passes(&format!("{label} gpu"), &v, reference.prompts.len());
+        let dir = if model.is_dir() { model.clone() } else { model.parent().unwrap().to_owned() };
+        let greedy: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
+        for run in greedy[&key].as_array().unwrap() {
+            let got = e.generate(&ids(&run["prompt_ids"]), &params, |_| Ok(())).unwrap().generated_ids;
+            assert_eq!(got, ids(&run["greedy_ids"]), "{label} gpu: prompt {:?}", run["prompt"]);
+        }
+    }
+    let Some(model) = smollm2() else { return };
+    let file = batch_forge::loaders::safetensors::SafetensorsFile::open(&fixture("smollm2").join("verify.safetensors"))
+        .unwrap();
+    let reference = Reference::open(&fixture("smollm2").join("verify.safetensors")).unwrap();
+    let e = gpu(&model);
+    let v = run_verify(&e, &reference, 1e-4);
+    assert_passes("smollm2 gpu", &v, reference.prompts.len());
+    let logits = v.stages.last().unwrap();
+    assert!(logits.max_abs <= 2e-4, "smollm2 gpu: max |Δlogit| {:.2e}", logits.max_abs);
+    eprintln!("smollm2 gpu: max |Δlogit| {:.2e}, max rel {:.2e}", logits.max_abs, logits.max_rel);
+    for (i, p) in reference.prompts.iter().enumerate() {
+        let want: Vec<u32> =
+            file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect();
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(want.len()) };
+        assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, want, "smollm2 gpu: prompt {i}");
+    }
+}

@@ -68,6 +68,16 @@ pub struct Rope {
     pub style: RopeStyle,
 }
 
+impl Rope {
+    /// cos and sin of pair `i`'s angle at `pos`, `pos · θ^(−2i/head_dim)`, computed in f64
+    /// and rounded once (every backend rotates with these very values).
+    pub fn cos_sin(&self, head_dim: usize, pos: usize, i: usize) -> (f32, f32) {
+        let inv_freq = (self.theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+        let angle = pos as f64 * inv_freq;
+        (angle.cos() as f32, angle.sin() as f32)
+    }
+}
+
 /// Which values of a head form the rotated pairs. The two are the same model up to a
 /// permutation of the q/k projection rows, and llama.cpp's converter applies exactly that
 /// permutation: HF's Llama weights rotate halves, the GGUF's rotate neighbours.
@@ -145,9 +155,7 @@ pub fn rope_row(spec: &AttentionSpec, rope: &Rope, row: &mut [f32], pos: usize) 
         &mut large
     };
     for (i, cs) in cos_sin.iter_mut().enumerate() {
-        let inv_freq = (rope.theta as f64).powf(-((2 * i) as f64) / hd as f64);
-        let angle = pos as f64 * inv_freq;
-        *cs = (angle.cos() as f32, angle.sin() as f32);
+        *cs = rope.cos_sin(hd, pos, i);
     }
     let rotated = spec.q_width() + spec.kv_width(); // queries and keys; values stay
     for head in row[..rotated].chunks_exact_mut(hd) {

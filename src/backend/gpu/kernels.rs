@@ -24,8 +24,8 @@ const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 
 /// The entry points of each file.
 pub const ENTRY_POINTS: [(&str, &[&str]); 6] = [
-    ("elementwise.wgsl", &["add", "gelu"]),
-    ("layer_norm.wgsl", &["layer_norm", "add_layer_norm"]),
+    ("elementwise.wgsl", &["add", "gelu", "swiglu"]),
+    ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm"]),
     ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
     ("embed.wgsl", &["embed"]),
@@ -73,11 +73,14 @@ fn slots(entry: &str) -> &'static [(u32, Slot)] {
     match entry {
         "add" => &[(1, ReadWrite), (2, Read)],
         "gelu" => &[(1, ReadWrite)],
+        "swiglu" => &[(1, ReadWrite), (2, Read)],
+        "rms_norm" => &[(1, ReadWrite), (3, Read), (5, ReadWrite)],
+        "add_rms_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (5, ReadWrite)],
         "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
         "add_layer_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (4, Read), (5, ReadWrite)],
         "matmul" | "gemv" | "gemv_thread" => &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)],
-        "kv_store" => &[(1, Read), (2, ReadWrite)],
-        "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite)],
+        "kv_store" => &[(1, Read), (2, ReadWrite), (4, Read)],
+        "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite), (4, Read)],
         "embed" => &[(1, Read), (2, Read), (3, ReadWrite)],
         "argmax" => &[(1, Read), (2, ReadWrite)],
         _ => &[],
@@ -96,8 +99,11 @@ pub struct Kernel {
 pub struct Kernels {
     pub add: Kernel,
     pub gelu: Kernel,
+    pub swiglu: Kernel,
     pub layer_norm: Kernel,
     pub add_layer_norm: Kernel,
+    pub rms_norm: Kernel,
+    pub add_rms_norm: Kernel,
     pub matmul: Kernel,
     pub gemv: Kernel,
     pub gemv_thread: Kernel,
@@ -195,8 +201,11 @@ impl Kernels {
         Ok(Kernels {
             add: kernel(&elementwise, "add")?,
             gelu: kernel(&elementwise, "gelu")?,
+            swiglu: kernel(&elementwise, "swiglu")?,
             layer_norm: kernel(&ln, "layer_norm")?,
             add_layer_norm: kernel(&ln, "add_layer_norm")?,
+            rms_norm: kernel(&ln, "rms_norm")?,
+            add_rms_norm: kernel(&ln, "add_rms_norm")?,
             matmul: kernel(&mm, "matmul")?,
             gemv: kernel(&mm, "gemv")?,
             gemv_thread: kernel(&mm, "gemv_thread")?,

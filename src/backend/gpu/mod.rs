@@ -27,7 +27,9 @@ use anyhow::{Context, bail, ensure};
 use wgpu::util::DeviceExt;
 
 use super::WeightDtype;
-use super::{AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention};
+use super::{
+    AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice, check_attention,
+};
 use crate::loaders::safetensors::{Dtype, TensorView};
 use kernels::{Kernel, Kernels};
 
@@ -83,6 +85,8 @@ pub struct GpuBackend {
     params_buf: wgpu::Buffer,
     param_slot: u64,
     dummy: wgpu::Buffer,
+    /// RoPE cos/sin tables by (θ bits, head_dim): the largest capacity built so far.
+    rope_tables: Mutex<Vec<(u32, usize, usize, wgpu::Buffer)>>,
     state: Mutex<State>,
     bind_groups: Arc<BindCache>,
     pool: Arc<Pool>,
@@ -214,6 +218,7 @@ impl GpuBackend {
             params_buf,
             param_slot,
             dummy,
+            rope_tables: Mutex::default(),
             state: Mutex::default(),
             bind_groups: Arc::default(),
             pool: Arc::new(Pool { device: device.clone(), free: Mutex::default() }),
@@ -389,6 +394,38 @@ impl GpuBackend {
             bytes
         };
         self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: None, contents, usage })
+    }
+
+    /// The RoPE table for `rope` and `head_dim` covering positions `0..capacity`:
+    /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, head_dim)
+    /// and rebuilt only for a larger capacity.
+    fn rope_table(&self, rope: &Rope, head_dim: usize, capacity: usize) -> anyhow::Result<wgpu::Buffer> {
+        let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (rope.theta.to_bits(), head_dim);
+        if let Some((.., cap, buf)) = tables.iter().find(|t| (t.0, t.1) == key)
+            && *cap >= capacity
+        {
+            return Ok(buf.clone());
+        }
+        let half = head_dim / 2;
+        let bytes = (capacity.max(1) as u64).checked_mul(half as u64 * 8).context("RoPE table size overflows")?;
+        ensure!(
+            bytes <= self.max_binding,
+            "a RoPE table of {capacity} positions needs {bytes} bytes, over the adapter's {} byte binding",
+            self.max_binding
+        );
+        let mut data = Vec::with_capacity(bytes as usize);
+        for pos in 0..capacity.max(1) {
+            for i in 0..half {
+                let (c, s) = rope.cos_sin(head_dim, pos, i);
+                data.extend(c.to_le_bytes());
+                data.extend(s.to_le_bytes());
+            }
+        }
+        let buf = self.init_buffer(&data, wgpu::BufferUsages::STORAGE);
+        tables.retain(|t| (t.0, t.1) != key);
+        tables.push((key.0, key.1, capacity, buf.clone()));
+        Ok(buf)
     }
 
     fn bias_binding<'a>(&'a self, bias: Option<&'a GpuVector>) -> wgpu::BufferBinding<'a> {
@@ -782,6 +819,16 @@ impl Backend for GpuBackend {
             if rows == 0 {
                 continue;
             }
+            let (rope_mode, table) = match &spec.rope {
+                None => (0, self.dummy.clone()),
+                Some(r) => {
+                    let mode = match r.style {
+                        RopeStyle::Adjacent => 1,
+                        RopeStyle::Halves => 2,
+                    };
+                    (mode, self.rope_table(r, head_dim, cache.capacity)?)
+                }
+            };
             let params = [
                 rows as u32,
                 s.rows.start as u32,
@@ -790,6 +837,10 @@ impl Backend for GpuBackend {
                 head_dim as u32,
                 cache.capacity as u32,
                 scale.to_bits(),
+                spec.n_kv_head as u32,
+                rope_mode,
+                0,
+                0,
                 0,
             ];
             let kv = cache.layers[layer].as_entire_buffer_binding();
@@ -802,17 +853,18 @@ impl Backend for GpuBackend {
             } else {
                 (&k.kv_store, &k.attend)
             };
+            let rope = table.as_entire_buffer_binding();
             self.dispatch(
                 kv_store,
                 &params,
-                &[(1, qkv.binding()), (2, kv.clone())],
-                self.grid((rows * c).div_ceil(256)),
+                &[(1, qkv.binding()), (2, kv.clone()), (4, rope.clone())],
+                self.grid((rows * spec.kv_width()).div_ceil(256)),
                 None,
             );
             self.dispatch(
                 attend,
                 &params,
-                &[(1, qkv.binding()), (2, kv), (3, out.binding())],
+                &[(1, qkv.binding()), (2, kv), (3, out.binding()), (4, rope)],
                 (rows as u32, n_head as u32),
                 None,
             );
@@ -822,22 +874,52 @@ impl Backend for GpuBackend {
 
     fn supports(&self, spec: &AttentionSpec) -> anyhow::Result<()> {
         spec.validate()?;
-        ensure!(
-            spec.rope.is_none() && spec.n_kv_head == spec.n_head,
-            "the gpu backend does not run RoPE or grouped-query attention yet (Llama-family models): \
-             use --backend cpu or reference"
-        );
+        ensure!(spec.head_dim <= 256, "attention: heads of {} values; the gpu kernels take at most 256", spec.head_dim);
         Ok(())
     }
 
-    fn rms_norm(&self, x: &GpuAct, _gain: &GpuVector, _eps: f32) -> GpuAct {
-        self.fail("rms_norm: the gpu backend has no RMSNorm kernel yet (Llama-family models)".into());
-        self.take(x.rows, x.cols)
+    fn rms_norm(&self, x: &GpuAct, gain: &GpuVector, eps: f32) -> GpuAct {
+        let out = self.take(x.rows, x.cols);
+        if gain.len != x.cols {
+            self.fail(format!("rms_norm: {} columns but a gain of {}", x.cols, gain.len));
+            return out;
+        }
+        let params = [x.rows as u32, x.cols as u32, eps.to_bits(), 0];
+        let bindings = [(1, x.binding()), (3, gain.buffer.as_entire_buffer_binding()), (5, out.binding())];
+        self.dispatch(&self.kernels.rms_norm, &params, &bindings, self.grid(x.rows), None);
+        out
+    }
+
+    fn add_rms_norm(&self, x: &mut GpuAct, y: &GpuAct, gain: &GpuVector, eps: f32) -> GpuAct {
+        let out = self.take(x.rows, x.cols);
+        if (y.rows, y.cols) != (x.rows, x.cols) || gain.len != x.cols {
+            self.fail("add_rms_norm: shapes differ".into());
+            return out;
+        }
+        let params = [x.rows as u32, x.cols as u32, eps.to_bits(), 0];
+        let bindings =
+            [(1, x.binding()), (2, y.binding()), (3, gain.buffer.as_entire_buffer_binding()), (5, out.binding())];
+        self.dispatch(&self.kernels.add_rms_norm, &params, &bindings, self.grid(x.rows), None);
+        out
     }
 
     fn swiglu(&self, x: &GpuAct) -> GpuAct {
-        self.fail("swiglu: the gpu backend has no SwiGLU kernel yet (Llama-family models)".into());
-        self.take(x.rows, x.cols / 2)
+        let f = x.cols / 2;
+        let out = self.take(x.rows, f);
+        if !x.cols.is_multiple_of(2) {
+            self.fail(format!("swiglu: {} columns is not gate | up", x.cols));
+            return out;
+        }
+        let n = x.rows * f;
+        let params = [n as u32, f as u32, 0, 0];
+        self.dispatch(
+            &self.kernels.swiglu,
+            &params,
+            &[(1, out.binding()), (2, x.binding())],
+            self.grid(n.div_ceil(256)),
+            None,
+        );
+        out
     }
 
     fn select_rows(&self, x: &GpuAct, rows: &[usize]) -> GpuAct {

@@ -1,11 +1,11 @@
-// Element-wise kernels over f32 activations: residual add and GELU (in place).
+// Element-wise kernels over f32 activations: residual add and GELU (in place), SwiGLU.
 //
 // `n` elements, one per invocation; the grid may be 2-D when n / 256 exceeds the
 // 65535 workgroups one dimension allows, so the flat index folds y into x.
 
 struct Params {
     n: u32,
-    _pad0: u32,
+    f: u32, // swiglu: output columns (the input has 2f: gate | up)
     _pad1: u32,
     _pad2: u32,
 }
@@ -29,5 +29,18 @@ fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = gid.y * nwg.x * 256u + gid.x;
     if (i < p.n) {
         x[i] = gelu_tanh(x[i]);
+    }
+}
+
+// x = silu(gate) * up, where y is (T, 2f) holding gate | up and x is (T, f).
+// silu(g) = g / (1 + exp(-g)): exp overflows to +inf for g < -88, giving -0, the limit.
+@compute @workgroup_size(256)
+fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    if (i < p.n) {
+        let t = i / p.f;
+        let c = i % p.f;
+        let g = y[t * 2u * p.f + c];
+        x[i] = g / (1.0 + exp(-g)) * y[t * 2u * p.f + p.f + c];
     }
 }

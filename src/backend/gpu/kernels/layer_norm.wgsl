@@ -4,6 +4,8 @@
 //
 // `layer_norm`:     out = (x - mean) / sqrt(var + eps) * gain + shift
 // `add_layer_norm`: x += y (written back: the residual stream), then out = LN(x)
+// `rms_norm`:       out = x / sqrt(mean(x^2) + eps) * gain (Llama's RMSNorm)
+// `add_rms_norm`:   x += y, then out = RMSNorm(x)
 
 struct Params {
     rows: u32,
@@ -60,4 +62,40 @@ fn add_layer_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups)
     }
     // Each invocation reads back only the columns it wrote, so no barrier is needed.
     normalize_row(row, tid);
+}
+
+fn rms_normalize_row(row: u32, tid: u32) {
+    let base = row * p.cols;
+    var q = 0.0;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        q = q + x[base + c] * x[base + c];
+    }
+    let inv = 1.0 / sqrt(workgroup_sum(tid, q) / f32(p.cols) + p.eps);
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        out[base + c] = x[base + c] * inv * gain[c];
+    }
+}
+
+@compute @workgroup_size(256)
+fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) tid: u32) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    rms_normalize_row(row, tid);
+}
+
+@compute @workgroup_size(256)
+fn add_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) tid: u32) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        x[base + c] = x[base + c] + y[base + c];
+    }
+    rms_normalize_row(row, tid);
 }
