@@ -128,7 +128,10 @@ fn team(threads: usize) -> Option<&'static Team> {
     /// (threads, its team or `None` when it could not be built).
     type Registry = Mutex<Vec<(usize, Option<&'static Team>)>>;
     static TEAMS: OnceLock<Registry> = OnceLock::new();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Asked once: `available_parallelism` reads cgroup files on every call, and `run`
+    // is called for every matrix of every step.
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads < 2 || threads > cpus {
         return None;
     }
