@@ -210,6 +210,10 @@ pub fn gguf(data: &[u8]) {
             if let Ok(plans) = plan_tensors(&src, &opts)
                 && data.len() < 1 << 16
             {
+                // The output's header: built, or an error (never a panic or a huge buffer).
+                if let Ok(plan) = batch_forge::convert::quantize::plan_file(&src, &plans, ftype) {
+                    let _ = plan.header();
+                }
                 for p in &plans {
                     let st = src.tensors.iter().find(|s| s.name == p.name).expect("planned from the table");
                     if let Ok(bytes) = (st.load)()

@@ -104,6 +104,7 @@ fn quantizers_round_trip_within_their_step() {
         let bs = ty.block_size() as usize;
         for (b, (xb, yb)) in x.chunks(bs).zip(y.chunks(bs)).enumerate() {
             let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            assert!(yb.iter().all(|v| v.is_finite()), "{} block {b}: a non-finite value decoded", ty.name());
             let err = xb.iter().zip(yb).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             assert!(err <= amax / steps * 1.01 + 1e-30, "{} block {b}: error {err} vs amax {amax}", ty.name());
         }
@@ -203,6 +204,43 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
             assert_eq!(ours.get(k), Some(v), "{folder} {k}");
         }
     }
+    // SmolLM's pre-tokenizer (digits split, then GPT-2's) is named `smollm`, as llama.cpp names it.
+    let (_tmp, copy) = common::fixture_copy("tiny-llama");
+    let tj = copy.join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&tj).unwrap()).unwrap();
+    let byte_level = t["pre_tokenizer"].clone();
+    t["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": true}, byte_level]});
+    std::fs::write(&tj, t.to_string()).unwrap();
+    let out = dir.path().join("smollm.gguf");
+    let opts = QuantizeOptions { ftype: FileType::Q8_0, pure: false, allow_requantize: false };
+    quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
+    let pre = GgufFile::open(&out).unwrap().get("tokenizer.ggml.pre").cloned();
+    assert_eq!(pre, Some(MetaValue::String("smollm".into())));
+    // Refused with a reason, never mislabelled: a pre-tokenizer without a known llama.cpp
+    // name, a SentencePiece-style BPE, a config that does not match the tensors, and a
+    // model_type with no GGUF layout here.
+    let refuse = |edit: &dyn Fn(&std::path::Path), want: &str| {
+        let (_tmp, copy) = common::fixture_copy("tiny-llama");
+        edit(&copy);
+        let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+        assert!(format!("{err:#}").contains(want), "{want}: {err:#}");
+        assert!(!dir.path().join("x.gguf").exists());
+    };
+    let edit_json = |file: &'static str, f: fn(&mut Value)| {
+        move |dir: &std::path::Path| {
+            let path = dir.join(file);
+            let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            f(&mut v);
+            std::fs::write(&path, v.to_string()).unwrap();
+        }
+    };
+    refuse(
+        &edit_json("tokenizer.json", |t| t["pre_tokenizer"] = serde_json::json!({"type": "Metaspace"})),
+        "Metaspace",
+    );
+    refuse(&edit_json("tokenizer.json", |t| t["model"]["byte_fallback"] = true.into()), "SentencePiece");
+    refuse(&edit_json("config.json", |c| c["num_key_value_heads"] = 4.into()), "the config implies");
     // A model_type with no GGUF layout here is refused by name.
     let (_tmp, copy) = common::fixture_copy("tiny-llama");
     let cfg = std::fs::read_to_string(copy.join("config.json")).unwrap().replace("\"llama\"", "\"mistral\"");

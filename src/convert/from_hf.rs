@@ -124,6 +124,7 @@ impl HfModel {
         eos: Option<u32>,
     ) -> anyhow::Result<Vec<(String, MetaValue)>> {
         let tj = self.dir.join("tokenizer.json");
+        let mut pre = "gpt-2";
         type Parts = (Vec<(String, u64)>, Vec<String>, Vec<(String, u64, bool)>);
         let (vocab, merges, added): Parts = if tj.is_file() {
             let root = read_json(&tj)?;
@@ -134,6 +135,13 @@ impl HfModel {
                 tj.display(),
                 model["type"]
             );
+            ensure!(
+                model["byte_fallback"].as_bool() != Some(true) && root["decoder"]["type"] == "ByteLevel",
+                "{}: only byte-level BPE converts (this is a SentencePiece-style BPE: byte_fallback or a non-ByteLevel decoder)",
+                tj.display()
+            );
+            pre = pre_tokenizer_name(&root["pre_tokenizer"])
+                .with_context(|| format!("{}: pre_tokenizer {}", tj.display(), root["pre_tokenizer"]))?;
             let vocab = model["vocab"].as_object().with_context(|| format!("{}: no model.vocab", tj.display()))?;
             let vocab = vocab.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX))).collect();
             let merges = model["merges"].as_array().with_context(|| format!("{}: no model.merges", tj.display()))?;
@@ -211,7 +219,7 @@ impl HfModel {
         };
         let mut meta = vec![
             ("tokenizer.ggml.model".to_owned(), MetaValue::String("gpt2".into())),
-            ("tokenizer.ggml.pre".to_owned(), MetaValue::String("gpt-2".into())),
+            ("tokenizer.ggml.pre".to_owned(), MetaValue::String(pre.into())),
             ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(8, texts)),
             ("tokenizer.ggml.token_type".to_owned(), MetaValue::Array(5, types)),
             (
@@ -257,8 +265,15 @@ impl HfModel {
 
     /// One HF tensor as a GGUF tensor; `reorder` rearranges its bytes (rows of
     /// `[rows, cols]` elements of `elem` bytes).
-    fn tensor<'a>(&'a self, hf: &str, gguf: &str, reorder: Reorder) -> anyhow::Result<SourceTensor<'a>> {
+    fn tensor<'a>(
+        &'a self,
+        hf: &str,
+        gguf: &str,
+        reorder: Reorder,
+        want: &[usize],
+    ) -> anyhow::Result<SourceTensor<'a>> {
         let view = self.store.get(hf).with_context(|| format!("tensor {hf:?} is missing"))?;
+        ensure!(view.shape == want, "tensor {hf:?} has shape {:?}; the config implies {want:?}", view.shape);
         let ty = match view.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
@@ -266,7 +281,10 @@ impl HfModel {
             other => bail!("tensor {hf:?} is {other:?}; only F32, F16 and BF16 convert"),
         };
         let shape = view.shape.to_vec();
-        ensure!((1..=2).contains(&shape.len()), "tensor {hf:?} has shape {shape:?} (1 or 2 dims expected)");
+        ensure!(
+            shape.len() == 2 || (shape.len() == 1 && matches!(reorder, Reorder::None)),
+            "tensor {hf:?} has shape {shape:?} (a matrix expected)"
+        );
         let one_d = shape.len() == 1;
         // ggml dims: innermost first.
         let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
@@ -304,66 +322,99 @@ impl HfModel {
     }
 
     fn llama_tensors(&self, c: &LlamaConfig) -> anyhow::Result<Vec<SourceTensor<'_>>> {
-        let mut map: Vec<(String, String, Reorder)> = vec![
-            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None),
-            ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::None),
+        let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
+        let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
+        let mut map: Vec<(String, String, Reorder, Vec<usize>)> = vec![
+            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
+            ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::None, vec![d]),
         ];
         if !c.tie_word_embeddings || self.store.get("lm_head.weight").is_some() {
-            map.push(("lm_head.weight".into(), "output.weight".into(), Reorder::None));
+            map.push(("lm_head.weight".into(), "output.weight".into(), Reorder::None, vec![v, d]));
         }
         for i in 0..c.n_layer {
             let (hf, g) = (format!("model.layers.{i}."), format!("blk.{i}."));
-            for (h, n, r) in [
-                ("input_layernorm.weight", "attn_norm.weight", Reorder::None),
-                ("self_attn.q_proj.weight", "attn_q.weight", Reorder::RopePairs(c.n_head)),
-                ("self_attn.k_proj.weight", "attn_k.weight", Reorder::RopePairs(c.n_kv_head)),
-                ("self_attn.v_proj.weight", "attn_v.weight", Reorder::None),
-                ("self_attn.o_proj.weight", "attn_output.weight", Reorder::None),
-                ("post_attention_layernorm.weight", "ffn_norm.weight", Reorder::None),
-                ("mlp.gate_proj.weight", "ffn_gate.weight", Reorder::None),
-                ("mlp.up_proj.weight", "ffn_up.weight", Reorder::None),
-                ("mlp.down_proj.weight", "ffn_down.weight", Reorder::None),
+            for (h, n, r, shape) in [
+                ("input_layernorm.weight", "attn_norm.weight", Reorder::None, vec![d]),
+                ("self_attn.q_proj.weight", "attn_q.weight", Reorder::RopePairs(c.n_head), vec![q, d]),
+                ("self_attn.k_proj.weight", "attn_k.weight", Reorder::RopePairs(c.n_kv_head), vec![kv, d]),
+                ("self_attn.v_proj.weight", "attn_v.weight", Reorder::None, vec![kv, d]),
+                ("self_attn.o_proj.weight", "attn_output.weight", Reorder::None, vec![d, q]),
+                ("post_attention_layernorm.weight", "ffn_norm.weight", Reorder::None, vec![d]),
+                ("mlp.gate_proj.weight", "ffn_gate.weight", Reorder::None, vec![f, d]),
+                ("mlp.up_proj.weight", "ffn_up.weight", Reorder::None, vec![f, d]),
+                ("mlp.down_proj.weight", "ffn_down.weight", Reorder::None, vec![d, f]),
             ] {
-                map.push((hf.clone() + h, g.clone() + n, r));
+                map.push((hf.clone() + h, g.clone() + n, r, shape));
             }
         }
         let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
         self.check_all_used(&used, |n| n.ends_with("rotary_emb.inv_freq"))?;
-        map.into_iter().map(|(h, g, r)| self.tensor(&h, &g, r)).collect()
+        map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
     }
 
     fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
         let prefix = if self.store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
-        let mut map: Vec<(String, String, Reorder)> = vec![
-            ("wte.weight".into(), "token_embd.weight".into(), Reorder::None),
-            ("wpe.weight".into(), "position_embd.weight".into(), Reorder::None),
-            ("ln_f.weight".into(), "output_norm.weight".into(), Reorder::None),
-            ("ln_f.bias".into(), "output_norm.bias".into(), Reorder::None),
+        let (v, d, f, p) = (c.vocab_size, c.n_embd, c.n_inner, c.n_positions);
+        let mut map: Vec<(String, String, Reorder, Vec<usize>)> = vec![
+            ("wte.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
+            ("wpe.weight".into(), "position_embd.weight".into(), Reorder::None, vec![p, d]),
+            ("ln_f.weight".into(), "output_norm.weight".into(), Reorder::None, vec![d]),
+            ("ln_f.bias".into(), "output_norm.bias".into(), Reorder::None, vec![d]),
         ];
         for i in 0..c.n_layer {
-            for (h, n, conv1d) in [
-                ("ln_1", "attn_norm", false),
-                ("attn.c_attn", "attn_qkv", true),
-                ("attn.c_proj", "attn_output", true),
-                ("ln_2", "ffn_norm", false),
-                ("mlp.c_fc", "ffn_up", true),
-                ("mlp.c_proj", "ffn_down", true),
+            // Conv1D weights are [in, out]; norms are [C].
+            for (h, n, conv1d, (n_in, n_out)) in [
+                ("ln_1", "attn_norm", false, (d, d)),
+                ("attn.c_attn", "attn_qkv", true, (d, 3 * d)),
+                ("attn.c_proj", "attn_output", true, (d, d)),
+                ("ln_2", "ffn_norm", false, (d, d)),
+                ("mlp.c_fc", "ffn_up", true, (d, f)),
+                ("mlp.c_proj", "ffn_down", true, (f, d)),
             ] {
-                let w = if conv1d { Reorder::Transpose } else { Reorder::None };
-                map.push((format!("h.{i}.{h}.weight"), format!("blk.{i}.{n}.weight"), w));
-                map.push((format!("h.{i}.{h}.bias"), format!("blk.{i}.{n}.bias"), Reorder::None));
+                let (w, shape) =
+                    if conv1d { (Reorder::Transpose, vec![n_in, n_out]) } else { (Reorder::None, vec![d]) };
+                map.push((format!("h.{i}.{h}.weight"), format!("blk.{i}.{n}.weight"), w, shape));
+                map.push((format!("h.{i}.{h}.bias"), format!("blk.{i}.{n}.bias"), Reorder::None, vec![n_out]));
             }
         }
         for m in &mut map {
             m.0 = format!("{prefix}{}", m.0);
         }
+        // GPT-2's head is the token embedding (llama.cpp's gpt2 layout has no other): a
+        // checkpoint whose lm_head differs is another model.
+        let wte = self.store.get(&format!("{prefix}wte.weight"));
+        if let (Some(head), Some(wte)) = (self.store.get("lm_head.weight"), wte) {
+            ensure!(
+                head.shape == wte.shape && head.dtype == wte.dtype && head.bytes == wte.bytes,
+                "lm_head.weight differs from wte.weight: an untied GPT-2 head cannot be converted"
+            );
+        }
         let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
         // The tied head and attention-mask buffers carry no weights of their own.
-        self.check_all_used(&used, |n| {
-            n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias")
-        })?;
-        map.into_iter().map(|(h, g, r)| self.tensor(&h, &g, r)).collect()
+        let ignorable =
+            |n: &str| n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
+        self.check_all_used(&used, ignorable)?;
+        map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
     }
+}
+
+/// llama.cpp's name (`tokenizer.ggml.pre`) for an HF byte-level pre-tokenizer: GPT-2's
+/// `ByteLevel` is `gpt-2`; SmolLM's digits-split-then-`ByteLevel` is `smollm`. Others have
+/// no name this project can vouch for, and are refused rather than mislabelled.
+fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
+    let byte_level = |p: &Value| p["type"] == "ByteLevel" && p["add_prefix_space"].as_bool() != Some(true);
+    if byte_level(pre) {
+        return Ok("gpt-2");
+    }
+    if pre["type"] == "Sequence"
+        && let Some([digits, bl]) = pre["pretokenizers"].as_array().map(Vec::as_slice)
+        && digits["type"] == "Digits"
+        && digits["individual_digits"] == true
+        && byte_level(bl)
+    {
+        return Ok("smollm");
+    }
+    bail!("not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm)")
 }
 
 #[derive(Clone, Copy)]

@@ -154,7 +154,7 @@ pub struct TensorPlan {
 fn layer_of(name: &str) -> i64 {
     let Some(rest) = name.strip_prefix("blk.") else { return -1 };
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    rest[..digits].parse().unwrap_or(-1)
+    rest[..digits].parse::<i64>().map_or(-1, |l| l.min(1 << 32))
 }
 
 /// llama-quantize's rule: 2+ dims, a `weight`, not a norm, router, position or token-type table.
@@ -218,7 +218,7 @@ pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> anyhow::Result<Vec<
     let n_layer = match src.get(&format!("{arch}.block_count")).and_then(MetaValue::as_u64) {
         // Bounded so that llama.cpp's `7·n/8` cannot overflow on a hostile count.
         Some(n) => n.min(1 << 32) as i64,
-        None => infos.iter().map(|t| layer_of(&t.name) + 1).max().unwrap_or(0),
+        None => infos.iter().map(|t| layer_of(&t.name).saturating_add(1)).max().unwrap_or(0).min(1 << 32),
     };
     let n_attn_v = infos.iter().filter(|t| category(&t.name) == Category::AttnVLike).count() as i64;
     let (mut i_attn_v, mut i_ffn_down) = (0i64, 0i64);
@@ -304,17 +304,23 @@ pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> anyhow::Result<Cow
     if t.from == t.to {
         return Ok(Cow::Borrowed(bytes));
     }
+    let n: u64 = t.dims.iter().product();
+    if n == 0 {
+        return Ok(Cow::Owned(Vec::new()));
+    }
     let row_in = t.from.bytes_for(t.dims[0]).context("row size")? as usize;
+    let row_out = t.to.bytes_for(t.dims[0]).context("row size")? as usize;
     ensure!(row_in > 0 && bytes.len().is_multiple_of(row_in), "tensor {:?}: bytes are not whole rows", t.name);
-    let rows: Vec<Vec<u8>> = bytes
-        .par_chunks(row_in)
-        .map(|row| {
+    let mut out = vec![0u8; bytes.len() / row_in * row_out];
+    out.par_chunks_mut(row_out)
+        .zip(bytes.par_chunks(row_in))
+        .try_for_each(|(o, row)| {
             let values = quant::dequantize(t.from, row).map_err(anyhow::Error::msg)?;
-            encode::quantize(t.to, &values).map_err(anyhow::Error::msg)
+            o.copy_from_slice(&encode::quantize(t.to, &values).map_err(anyhow::Error::msg)?);
+            Ok::<(), anyhow::Error>(())
         })
-        .collect::<anyhow::Result<_>>()
         .with_context(|| format!("tensor {:?} to {}", t.name, t.to.name()))?;
-    Ok(Cow::Owned(rows.concat()))
+    Ok(Cow::Owned(out))
 }
 
 /// A model's contents as a GGUF file holds them: metadata in order, and tensors (ggml

@@ -7,9 +7,12 @@
 //! each padded with zeros to the alignment (the last one too). Tensor data is streamed:
 //! only one tensor need be in memory at a time.
 
-use std::io::Write;
+use std::io::{Read, Write};
 
 use super::gguf::{DEFAULT_ALIGNMENT, GgmlType, MAX_DIMS, MetaValue};
+
+/// The largest `general.alignment` written (ggml uses 32; a larger one only pads).
+pub const MAX_ALIGNMENT: u32 = 1 << 20;
 
 /// One planned tensor: name, ggml dims (`dims[0]` innermost) and type.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,8 +77,10 @@ impl GgufPlan {
     pub fn alignment(&self) -> Result<u64, String> {
         match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
-            Some((_, MetaValue::U32(a))) if a.is_power_of_two() => Ok(u64::from(*a)),
-            Some((_, v)) => Err(format!("general.alignment must be a power-of-two u32, got {v:?}")),
+            Some((_, MetaValue::U32(a))) if a.is_power_of_two() && *a <= MAX_ALIGNMENT => Ok(u64::from(*a)),
+            Some((_, v)) => {
+                Err(format!("general.alignment must be a power-of-two u32 of at most {MAX_ALIGNMENT}, got {v:?}"))
+            }
         }
     }
 
@@ -87,6 +92,7 @@ impl GgufPlan {
         b.extend((self.tensors.len() as u64).to_le_bytes());
         b.extend((self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
+            check_array(k, v)?;
             string(&mut b, k);
             b.extend(type_id(v).to_le_bytes());
             value(&mut b, v);
@@ -104,6 +110,19 @@ impl GgufPlan {
         b.resize(b.len().next_multiple_of(align as usize), 0);
         Ok(b)
     }
+}
+
+/// An array's elements must all be of its declared element type.
+fn check_array(key: &str, v: &MetaValue) -> Result<(), String> {
+    if let MetaValue::Array(elem, items) = v {
+        for item in items {
+            if type_id(item) != *elem {
+                return Err(format!("{key}: array of type {elem} holds a {}", item.type_name()));
+            }
+            check_array(key, item)?;
+        }
+    }
+    Ok(())
 }
 
 /// GGUF's type code for a value.
@@ -180,7 +199,7 @@ impl<W: Write> GgufWriter<W> {
         anyhow::ensure!(bytes.len() as u64 == want, "tensor {:?}: {} bytes, planned {want}", t.name, bytes.len());
         self.out.write_all(bytes)?;
         let pad = want.next_multiple_of(self.align) - want;
-        self.out.write_all(&vec![0u8; pad as usize])?;
+        std::io::copy(&mut std::io::repeat(0).take(pad), &mut self.out)?;
         self.next += 1;
         Ok(())
     }
@@ -212,6 +231,12 @@ mod tests {
         plan.add_tensor("b", &[5], GgmlType::F32).unwrap();
         assert!(plan.add_tensor("w", &[32], GgmlType::F32).is_err());
         assert!(plan.add_tensor("odd", &[31], GgmlType::Q4_0).is_err());
+        let mut bad = GgufPlan::default();
+        bad.set("a", MetaValue::Array(4, vec![MetaValue::String("x".into())]));
+        assert!(bad.header().unwrap_err().contains("holds a string"));
+        bad.set("a", MetaValue::U32(1));
+        bad.set("general.alignment", MetaValue::U32(1 << 31));
+        assert!(bad.header().is_err());
         let mut w = GgufWriter::new(Vec::new(), plan).unwrap();
         assert!(w.write_tensor(&[0; 3]).is_err());
         w.write_tensor(&[1; 102]).unwrap();
