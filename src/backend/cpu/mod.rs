@@ -231,7 +231,22 @@ fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
     }
 }
 
-/// Below this many (query value × key) products, decode attention runs on one thread.
+/// A raw pointer into an output buffer whose disjoint ranges are written by team parts.
+#[derive(Clone, Copy)]
+struct TaskOut(*mut f32);
+// SAFETY: parts write disjoint ranges (see each use), and the buffer outlives `team::run`.
+unsafe impl Send for TaskOut {}
+unsafe impl Sync for TaskOut {}
+
+impl TaskOut {
+    /// The address `i` values in (a method, so closures capture the Sync wrapper).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Below this many (query value × key) products, decode attention runs on the spinning
+/// team (or one thread) rather than rayon.
 const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
 
 /// Sequences with at least this many new rows use matmul-shaped attention.
@@ -572,10 +587,25 @@ impl Backend for CpuBackend {
         // A parallel region costs a thread wake-up (~10-20 µs): worth it only when the
         // scores to compute are many.
         let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
+        let (n_tasks, threads) = (out.len() / hd.max(1), rayon::current_num_threads());
         if work >= PARALLEL_ATTENTION_WORK {
             out.par_chunks_mut(hd).enumerate().for_each(one);
         } else {
-            out.chunks_mut(hd).enumerate().for_each(one);
+            // Below that, the spinning team (a hand-off of ~1 µs) when it is free, tasks
+            // dealt round-robin; else one thread.
+            let base = TaskOut(out.as_mut_ptr());
+            let part = |p: usize| {
+                for task in (p..n_tasks).step_by(threads) {
+                    // SAFETY: task `task` owns `out[task·hd .. (task+1)·hd]`, inside `out`
+                    // (n_tasks·hd ≤ out.len()); each task belongs to exactly one part, and
+                    // `team::run` returns only when every part is done.
+                    let o = unsafe { std::slice::from_raw_parts_mut(base.at(task * hd), hd) };
+                    one((task, o));
+                }
+            };
+            if threads < 2 || n_tasks < threads || !team::run(threads, &part) {
+                out.chunks_mut(hd).enumerate().for_each(one);
+            }
         }
         Ok(out)
     }

@@ -223,6 +223,15 @@ pub struct Q8Rows {
     pub q: Vec<i8>,
 }
 
+/// `roundf` (ties away from zero) for |v| < 2²³, without a libm call: truncate, then step
+/// by one where the exact remainder reaches a half (NaN gives 0, as `roundf(NaN) as i32`).
+#[inline(always)]
+fn round_half_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+}
+
 /// Quantize `rows` rows of `n` values (`n` a multiple of 32).
 pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     let nb = n / QK;
@@ -239,8 +248,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
         let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
         let mut sum = 0i32;
         for (q, &v) in qb.iter_mut().zip(xb) {
-            let r = (v * id).round() as i32; // half away from zero, as roundf
-            *q = r.clamp(-127, 127) as i8;
+            *q = round_half_away(v * id).clamp(-127, 127) as i8;
             sum += *q as i32;
         }
         *d = f16::from_f32(dv).to_f32();
@@ -596,5 +604,25 @@ mod x86 {
         for i in 0..N {
             sums[i] = hsum(acc[i]) + offs[i];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_half_away;
+
+    /// Equal to `roundf` on ties, their neighbours and a sweep of the activation range.
+    #[test]
+    fn round_half_away_is_roundf() {
+        let mut vs = vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, -126.5, 127.0, -127.0, 0.0, -0.0, 1e-30];
+        for k in -130..=130 {
+            let t = k as f32 + 0.5;
+            vs.extend([t, f32::from_bits(t.to_bits() + 1), f32::from_bits(t.to_bits() - 1)]);
+        }
+        vs.extend((0..100_000).map(|i| (i as f32 * 0.002_531) - 127.0));
+        for v in vs {
+            assert_eq!(round_half_away(v), v.round() as i32, "{v}");
+        }
+        assert_eq!(round_half_away(f32::NAN), 0);
     }
 }
