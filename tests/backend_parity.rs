@@ -532,3 +532,76 @@ fn quantized_linear_matches_block_arithmetic() {
         }
     }
 }
+
+/// Q4_K weights run on the Q4_1 kernel as sub-blocks `(d·scale)·q − dmin·min`: against an
+/// f64 evaluation from the raw Q4_K bytes (6-bit scales and mins unpacked here, separately
+/// from the loader), both ISAs, 1–3 super-blocks per row, partial row groups, prefill and
+/// decode; the embedding lookup equals gguf-py's dequantization bit for bit.
+#[test]
+fn q4_k_runs_as_exact_q4_1_sub_blocks() {
+    use batch_forge::backend::cpu::qmatmul::{Q8Rows, QK, quantize_rows};
+    use batch_forge::loaders::gguf::GgmlType;
+    let mut rng = Rng::new(91);
+    let f16v = |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
+    // Scale and min of sub-block j, 6 bits each (llama.cpp's get_scale_min_k4).
+    let scale_min = |s: &[u8], j: usize| -> (f64, f64) {
+        let (sc, m) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+        };
+        (sc as f64, m as f64)
+    };
+    for isa in [Some(Isa::PORTABLE), avx2_or_skip()].into_iter().flatten() {
+        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa }).unwrap();
+        for (n_out, n_in, t, scale) in [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0)] {
+            let mut bytes = vec![0u8; n_out * n_in / 256 * 144];
+            for blk in bytes.chunks_mut(144) {
+                blk.iter_mut().for_each(|b| *b = rng.next_u64() as u8);
+                let d = half::f16::from_f32((rng.next_f64() as f32 + 0.05) * 0.002);
+                let dmin = half::f16::from_f32((rng.next_f64() as f32 + 0.05) * 0.001);
+                blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+                blk[2..4].copy_from_slice(&dmin.to_bits().to_le_bytes());
+            }
+            let w = b.load_quantized("w", GgmlType::Q4K, n_out, n_in, &bytes).unwrap();
+            let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+            let got = b.read(&b.linear(&b.upload(&x), &w, None)).unwrap();
+            let mut q8 = Q8Rows::default();
+            quantize_rows(&x.data, t, n_in, &mut q8);
+            let nb = n_in / QK;
+            for r in 0..t {
+                for j in 0..n_out {
+                    let (mut want, mut size) = (0f64, 0f64);
+                    for sb in 0..nb {
+                        let blk = &bytes[(j * (n_in / 256) + sb / 8) * 144..][..144];
+                        let sub = sb % 8;
+                        let (sc, m) = scale_min(&blk[4..16], sub);
+                        let q = |l: usize| {
+                            let byte = blk[16 + sub / 2 * 32 + l];
+                            (if sub % 2 == 0 { byte & 15 } else { byte >> 4 }) as i64
+                        };
+                        let xq = &q8.q[r * n_in + sb * QK..][..QK];
+                        let isum: i64 = (0..QK).map(|l| q(l) * xq[l] as i64).sum();
+                        let (dx, sx) = (q8.d[r * nb + sb] as f64, q8.s[r * nb + sb] as f64);
+                        let term = f16v(blk, 0) * sc * dx * isum as f64 - f16v(blk, 2) * m * sx;
+                        want += term;
+                        size += term.abs();
+                    }
+                    let g = got.data[r * n_out + j] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5 * size + 1e-30,
+                        "q4_k {} {n_out}x{n_in} T={t}: row {r} col {j}: {g} vs {want}",
+                        isa.name()
+                    );
+                }
+            }
+            let ids: Vec<u32> = (0..n_out as u32).rev().collect();
+            let rows = b.read(&b.embed(&w, &ids)).unwrap();
+            let all = batch_forge::quant::dequantize(GgmlType::Q4K, &bytes).unwrap();
+            for (k, &id) in ids.iter().enumerate() {
+                let want = &all[id as usize * n_in..(id as usize + 1) * n_in];
+                assert!(rows.row(k).iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "q4_k embed row {id}");
+            }
+        }
+    }
+}

@@ -106,7 +106,12 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             let native = ["q8_0", "q4_0", "q4_1"].contains(&ty.as_str());
             r.tolerance =
                 args.tolerance.unwrap_or(if native { tolerance::Q8_ACTIVATIONS } else { tolerance::Q8_REQUANTIZED });
-            let requant = if native { "" } else { " re-quantized to q8_0" };
+            let requant = match ty.as_str() {
+                _ if native => "",
+                // Held losslessly as Q4_1 sub-blocks; a Q4_K_M file's Q6_K parts are re-quantized.
+                "q4_k" => " (other k-quants re-quantized to q8_0)",
+                _ => " re-quantized to q8_0",
+            };
             dtype = format!("{ty}{requant} (8-bit activations: llama.cpp's arithmetic; --dtype f32 is HF's)");
         }
         r.label = format!("{dtype} weights, {} KV", r.args.kv_dtype);

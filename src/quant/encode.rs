@@ -290,7 +290,7 @@ fn k_scales_mins(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ([u8; 2], [u8; 
     }
     let (d, dmin) = (f16_round(max_scale / 63.0), f16_round(max_min / 63.0));
     for j in 0..8 {
-        let (sc, m) = super::scale_min(&packed, j);
+        let (sc, m) = super::k_scale_min(&packed, j);
         let dl = d * f32::from(sc);
         if dl == 0.0 {
             continue;

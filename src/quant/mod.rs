@@ -139,7 +139,7 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
 /// Scale and min of sub-block `j` (0..8) from the 12 packed bytes of Q4_K/Q5_K: six
 /// bits each; sub-blocks 4–7 keep their low four bits in bytes 8–11 and their top two
 /// in the spare top bits of bytes 0–7.
-fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
+pub fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (s[j] & 0x3F, s[j + 4] & 0x3F)
     } else {
@@ -151,7 +151,7 @@ fn scale_min(s: &[u8], j: usize) -> (u8, u8) {
 fn k_quant(b: &[u8], y: &mut [f32], q: impl Fn(usize, usize) -> u8) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     for (sub, ys) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = scale_min(&b[4..16], sub);
+        let (sc, m) = k_scale_min(&b[4..16], sub);
         let (dl, ml) = (d * f32::from(sc), dmin * f32::from(m));
         for (l, v) in ys.iter_mut().enumerate() {
             *v = dl * f32::from(q(sub, l)) - ml;

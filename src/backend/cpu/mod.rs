@@ -359,8 +359,9 @@ impl Backend for CpuBackend {
         }))
     }
 
-    /// Q8_0, Q4_0 and Q4_1 stay quantized (unless `--dtype` asks for floats); the other
-    /// block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are decoded exactly and re-quantized to
+    /// Q8_0, Q4_0 and Q4_1 stay quantized (unless `--dtype` asks for floats), Q4_K too (held
+    /// losslessly as Q4_1 sub-blocks, [`QMatrix::from_q4_k`]); the other
+    /// block types (Q5_0, Q5_1, Q5_K, Q6_K) are decoded exactly and re-quantized to
     /// Q8_0 blocks (about 0.4% more rounding, far less than the file's own), so they run
     /// on the Q8_0 kernel instead of as f32 (4x the bytes per token).
     fn load_quantized(
@@ -374,6 +375,9 @@ impl Backend for CpuBackend {
         match QType::from_ggml(ty) {
             Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => Ok(CpuMatrix::Quant(
                 QMatrix::new(q, n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
+            )),
+            None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => Ok(CpuMatrix::Quant(
+                QMatrix::from_q4_k(n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
             )),
             None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) && n_out > 0 => {
                 // Row by row, so no f32 copy of the whole matrix is ever held.

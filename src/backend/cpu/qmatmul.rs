@@ -122,22 +122,62 @@ impl QMatrix {
         if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
             return Err(format!("{}: {} bytes for {n_out} rows of {row_bytes}", ty.name(), bytes.len()));
         }
+        let header = ty.block_bytes() - ty.quant_bytes();
+        Ok(Self::from_blocks(ty, n_out, n_in, |j, b, q, dm| {
+            let blk = &bytes[j * row_bytes + b * ty.block_bytes()..][..ty.block_bytes()];
+            q.copy_from_slice(&blk[header..]);
+            for (i, v) in dm.iter_mut().enumerate() {
+                *v = f16_at(blk, 2 * i);
+            }
+        }))
+    }
+
+    /// GGUF Q4_K blocks held as Q4_1 blocks with f32 scales, losslessly: each sub-block of
+    /// 32 is `(d·scale)·q − dmin·min` with 4-bit `q`, i.e. Q4_1 with `d' = d·scale` and
+    /// `m' = −(dmin·min)` (exact f32 products of an f16 and a 6-bit integer), its nibbles
+    /// repacked from Q4_K's sub-block pairs to Q4_1's halves. So Q4_K runs on the Q4_1
+    /// kernel at 6 bits a weight (not re-quantized to Q8_0 at 9), and decodes bit-exactly.
+    pub fn from_q4_k(n_out: usize, n_in: usize, bytes: &[u8]) -> Result<Self, String> {
+        const QK_K: usize = 256;
+        const BLOCK: usize = 144;
+        if n_in == 0 || !n_in.is_multiple_of(QK_K) {
+            return Err(format!("q4_k: rows of {n_in} values are not whole blocks of {QK_K}"));
+        }
+        let row_bytes = n_in / QK_K * BLOCK;
+        if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
+            return Err(format!("q4_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
+        }
+        Ok(Self::from_blocks(QType::Q4_1, n_out, n_in, |j, b, q, dm| {
+            // Sub-block b of the row: sub-block b % 8 of super-block b / 8.
+            let blk = &bytes[j * row_bytes + b / 8 * BLOCK..][..BLOCK];
+            let sub = b % 8;
+            let (sc, m) = crate::quant::k_scale_min(&blk[4..16], sub);
+            dm[0] = f16_at(blk, 0) * f32::from(sc);
+            dm[1] = -(f16_at(blk, 2) * f32::from(m));
+            let chunk = &blk[16 + sub / 2 * 32..][..32];
+            let nib = |l: usize| if sub.is_multiple_of(2) { chunk[l] & 0x0F } else { chunk[l] >> 4 };
+            for (i, byte) in q.iter_mut().enumerate() {
+                *byte = nib(i) | nib(i + 16) << 4;
+            }
+        }))
+    }
+
+    /// The group-interleaved layout, each block's quants and scales written by
+    /// `fill(row, block, quants, scales)`.
+    fn from_blocks(ty: QType, n_out: usize, n_in: usize, fill: impl Fn(usize, usize, &mut [u8], &mut [f32])) -> Self {
+        let nb = n_in / QK;
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
         let n_slots = n_out.div_ceil(GROUP) * GROUP * nb;
         let mut qs = super::matmul::huge_page_vec(n_slots * qb, 0u8);
         let mut dm = super::matmul::huge_page_vec(n_slots * ns, 0f32);
-        let header = ty.block_bytes() - qb;
-        for (j, row) in bytes.chunks_exact(row_bytes).enumerate() {
+        for j in 0..n_out {
             let (g, r) = (j / GROUP, j % GROUP);
-            for (b, blk) in row.chunks_exact(ty.block_bytes()).enumerate() {
+            for b in 0..nb {
                 let slot = (g * nb + b) * GROUP + r;
-                qs[slot * qb..(slot + 1) * qb].copy_from_slice(&blk[header..]);
-                for (i, v) in dm[slot * ns..(slot + 1) * ns].iter_mut().enumerate() {
-                    *v = f16_at(blk, 2 * i);
-                }
+                fill(j, b, &mut qs[slot * qb..(slot + 1) * qb], &mut dm[slot * ns..(slot + 1) * ns]);
             }
         }
-        Ok(QMatrix { ty, n_in, n_out, qs, dm })
+        QMatrix { ty, n_in, n_out, qs, dm }
     }
 
     /// Bytes of weight data in memory.
