@@ -404,8 +404,8 @@ fn smollm2_chats() {
     assert!(cached[0].contains("(0 cached)") && !cached[1].contains("(0 cached)"), "{err}");
 }
 
-/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks (other block types re-quantized to
-/// Q8_0) and quantizes activations to 8 bits (llama.cpp's arithmetic): within a few
+/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks (Q4_K as Q4_1 sub-blocks, the other
+/// block types re-quantized to Q8_0) and quantizes activations to 8 bits (llama.cpp's arithmetic): within a few
 /// percent of HF's f32 run at every stage.
 #[test]
 fn quantized_path_stays_close_to_hf() {

@@ -1,4 +1,5 @@
-//! Block-quantized weights kept as the GGUF file stores them (Q8_0, Q4_0, Q4_1), multiplied
+//! Block-quantized weights kept as the GGUF file stores them (Q8_0, Q4_0, Q4_1; Q4_K as
+//! exact Q4_1 sub-blocks with f32 scales, [`QMatrix::from_q4_k`]), multiplied
 //! with activations quantized to 8-bit blocks, as llama.cpp does: each 32-value block of a
 //! weight row and of an activation row meet in one integer dot product, scaled once.
 //!
@@ -263,13 +264,15 @@ pub struct Q8Rows {
     pub q: Vec<i8>,
 }
 
-/// `roundf` (ties away from zero) for |v| < 2²³, without a libm call: truncate, then step
-/// by one where the exact remainder reaches a half (NaN gives 0, as `roundf(NaN) as i32`).
+/// `roundf(v) as i32` (ties away from zero) without a libm call: truncate, then step by one
+/// where the remainder reaches a half (exact for |v| < 2²³; beyond, v is an integer).
 #[inline(always)]
 fn round_half_away(v: f32) -> i32 {
     let t = v as i32;
     let frac = v - t as f32;
-    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+    // Saturating: an infinite or huge v (a block whose scale underflows) gives i32::MAX/MIN,
+    // as `roundf(v) as i32` does.
+    t.saturating_add(i32::from(frac >= 0.5)).saturating_sub(i32::from(frac <= -0.5))
 }
 
 /// Quantize `rows` rows of `n` values (`n` a multiple of 32).
@@ -651,6 +654,15 @@ mod x86 {
 mod tests {
     use super::round_half_away;
 
+    /// A block so small that 1/d overflows quantizes to zeros (no overflow, no panic).
+    #[test]
+    fn underflowing_blocks_quantize_to_zero() {
+        let mut q8 = super::Q8Rows::default();
+        let x = [1e-38f32; 32];
+        super::quantize_rows(&x, 1, 32, &mut q8);
+        assert_eq!((q8.d[0], q8.s[0]), (0.0, 0.0));
+    }
+
     /// Equal to `roundf` on ties, their neighbours and a sweep of the activation range.
     #[test]
     fn round_half_away_is_roundf() {
@@ -663,6 +675,8 @@ mod tests {
         for v in vs {
             assert_eq!(round_half_away(v), v.round() as i32, "{v}");
         }
-        assert_eq!(round_half_away(f32::NAN), 0);
+        for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3e9, -3e9, f32::MAX, f32::MIN, 8388609.0] {
+            assert_eq!(round_half_away(v), v.round() as i32, "{v}");
+        }
     }
 }
