@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU backend on real hardware (the `device` machine: one NVIDIA H200), as one
-# prepared run: the GPU parity and whole-model tests on the real adapter, forge bench on
-# random GPT-2 124M and XL, and HF transformers on CUDA with the same configs for a
-# 128-token greedy generation. Writes everything under $OUT (or ./device-out).
+# prepared run: the GPU parity and whole-model tests on the real adapter (GPT-2 and the
+# Llama fixtures), cpu/gpu lockstep on GPT-2 and Llama files (HF folders and GGUF), forge
+# bench on random GPT-2 124M and XL (f32, f16, and Q8_0/Q4_0 GGUF written on the machine by
+# `forge quantize`, decoded at upload), SmolLM2 Q4_1 when $SMOLLM2 names it (the file is
+# over the 64 MiB carry), and HF transformers on CUDA with the same configs.
+# Writes everything under $OUT (or ./device-out).
 #
 # The machine is bare: it needs the Vulkan loader (see the device README: download
 # libvulkan1 & co. into .gl/ here, carry .gl, unpack at the start) and the binaries built
@@ -28,15 +31,35 @@ for ck in tiny-gpt2 tiny-gpt2-hf-saved tiny-gpt2-f16; do
         $FORGE generate -m tests/fixtures/$ck "Hello, I'm a language model," -n 40 --greedy --backend both $flags | tail -1
     done
 done 2>&1 | tee "$OUT/lockstep.txt"
+# Llama-family models: the f32 path on both backends (the cpu default quantizes activations).
+for f in tests/fixtures/tiny-llama tests/fixtures/tiny-llama/tiny-llama.q4_0.gguf \
+    tests/fixtures/tiny-llama-k/tiny-llama-k.q4_k.gguf tests/fixtures/tiny-llama-odd/tiny-llama-odd.f16.gguf; do
+    echo "== $f"
+    $FORGE generate -m "$f" "The quick brown fox" -n 24 --greedy --backend both --dtype f32 | tail -1
+done 2>&1 | tee -a "$OUT/lockstep.txt"
 # Parity and whole-model tests on the real adapter (when their binaries were carried).
-for t in backend_parity gpu_backend model_hf_gpu; do
+for t in backend_parity gpu_backend model_hf_gpu model_llama; do
     bin=$(ls target/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1)
     [ -n "$bin" ] && CI=true "$bin" --test-threads 1 --nocapture 2>&1 | grep -E "gpu|test result|panicked"
 done 2>&1 | tee "$OUT/parity.txt"
 for m in gpt2 gpt2-xl; do
     $FORGE bench --random $m --backend gpu -p 512 -n 128 -r 5
     $FORGE bench --random $m --backend gpu --dtype f16 -p 512 -n 128 -r 5
+    # Quantized GGUF made here from a random folder (GPT-2's tokenizer from the fixtures).
+    $FORGE random-model --preset $m --out /tmp/rand-$m --force --tokenizer-from tests/fixtures/gpt2-tokenizer >/dev/null
+    for t in q8_0 q4_0; do
+        $FORGE quantize /tmp/rand-$m /tmp/rand-$m.$t.gguf --type $t >/dev/null
+        $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu --dtype f16 -p 512 -n 128 -r 5
+        $FORGE bench -m /tmp/rand-$m.$t.gguf --backend cpu -p 512 -n 128 -r 3
+    done
 done 2>&1 | tee "$OUT/bench.txt"
+if [ -n "${SMOLLM2:-}" ] && [ -f "$SMOLLM2" ]; then
+    $FORGE bench -m "$SMOLLM2" --backend gpu -p 512 -n 128 -r 5
+    $FORGE bench -m "$SMOLLM2" --backend gpu --dtype f16 -p 512 -n 128 -r 5
+    $FORGE generate -m "$SMOLLM2" --backend gpu --chat "What is the capital of France?" -n 32 --greedy
+else
+    echo "SmolLM2 skipped: set SMOLLM2=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf"
+fi 2>&1 | tee "$OUT/bench_llama.txt"
 # HF on CUDA, same random configs (the weights differ; the speed does not depend on them).
 python3 -c "import torch, transformers" 2>/dev/null || { echo "no torch/transformers here: HF on CUDA skipped" | tee "$OUT/hf_cuda.txt"; exit 0; }
 for m in gpt2 gpt2-xl; do
