@@ -31,7 +31,7 @@ pub struct QuantizeArgs {
 
 fn parse_type(s: &str) -> Result<FileType, String> {
     FileType::parse(s).ok_or_else(|| {
-        let names: Vec<String> = FileType::ALL.iter().map(|t| t.name().to_ascii_lowercase()).collect();
+        let names: Vec<String> = FileType::all().map(|t| t.name().to_ascii_lowercase()).collect();
         format!("unknown type {s:?}; one of {}, q4_k, q5_k", names.join(", "))
     })
 }

@@ -312,9 +312,11 @@ impl HfModel {
         })
     }
 
-    fn check_all_used(&self, used: &[String], ignorable: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+    /// Every tensor of the folder is mapped (`map`'s HF names) or `ignorable`.
+    fn check_all_used(&self, map: &[TensorMap], ignorable: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        let used: std::collections::HashSet<&str> = map.iter().map(|m| m.0.as_str()).collect();
         for t in self.store.tensors() {
-            if !used.iter().any(|u| u == t.name) && !ignorable(t.name) {
+            if !used.contains(t.name) && !ignorable(t.name) {
                 bail!("tensor {:?} has no GGUF name (not a tensor of this architecture)", t.name);
             }
         }
@@ -324,7 +326,7 @@ impl HfModel {
     fn llama_tensors(&self, c: &LlamaConfig) -> anyhow::Result<Vec<SourceTensor<'_>>> {
         let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
         let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
-        let mut map: Vec<(String, String, Reorder, Vec<usize>)> = vec![
+        let mut map: Vec<TensorMap> = vec![
             ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
             ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::None, vec![d]),
         ];
@@ -347,15 +349,14 @@ impl HfModel {
                 map.push((hf.clone() + h, g.clone() + n, r, shape));
             }
         }
-        let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
-        self.check_all_used(&used, |n| n.ends_with("rotary_emb.inv_freq"))?;
+        self.check_all_used(&map, |n| n.ends_with("rotary_emb.inv_freq"))?;
         map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
     }
 
     fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
         let prefix = if self.store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
         let (v, d, f, p) = (c.vocab_size, c.n_embd, c.n_inner, c.n_positions);
-        let mut map: Vec<(String, String, Reorder, Vec<usize>)> = vec![
+        let mut map: Vec<TensorMap> = vec![
             ("wte.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
             ("wpe.weight".into(), "position_embd.weight".into(), Reorder::None, vec![p, d]),
             ("ln_f.weight".into(), "output_norm.weight".into(), Reorder::None, vec![d]),
@@ -389,11 +390,10 @@ impl HfModel {
                 "lm_head.weight differs from wte.weight: an untied GPT-2 head cannot be converted"
             );
         }
-        let used: Vec<String> = map.iter().map(|m| m.0.clone()).collect();
         // The tied head and attention-mask buffers carry no weights of their own.
         let ignorable =
             |n: &str| n == "lm_head.weight" || n.ends_with(".attn.bias") || n.ends_with(".attn.masked_bias");
-        self.check_all_used(&used, ignorable)?;
+        self.check_all_used(&map, ignorable)?;
         map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
     }
 }
@@ -416,6 +416,9 @@ fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
     }
     bail!("not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm)")
 }
+
+/// (HF name, GGUF name, byte reordering, HF shape the config implies).
+type TensorMap = (String, String, Reorder, Vec<usize>);
 
 #[derive(Clone, Copy)]
 enum Reorder {

@@ -48,40 +48,37 @@ pub enum FileType {
     Q6K,
 }
 
+/// Each file type: llama-quantize's name, `general.file_type` (`llama_ftype`), and the
+/// type most of its tensors get.
+const FILE_TYPES: [(FileType, &str, u32, GgmlType); 13] = [
+    (FileType::F32, "F32", 0, GgmlType::F32),
+    (FileType::F16, "F16", 1, GgmlType::F16),
+    (FileType::BF16, "BF16", 32, GgmlType::BF16),
+    (FileType::Q8_0, "Q8_0", 7, GgmlType::Q8_0),
+    (FileType::Q4_0, "Q4_0", 2, GgmlType::Q4_0),
+    (FileType::Q4_1, "Q4_1", 3, GgmlType::Q4_1),
+    (FileType::Q5_0, "Q5_0", 8, GgmlType::Q5_0),
+    (FileType::Q5_1, "Q5_1", 9, GgmlType::Q5_1),
+    (FileType::Q4KS, "Q4_K_S", 14, GgmlType::Q4K),
+    (FileType::Q4KM, "Q4_K_M", 15, GgmlType::Q4K),
+    (FileType::Q5KS, "Q5_K_S", 16, GgmlType::Q5K),
+    (FileType::Q5KM, "Q5_K_M", 17, GgmlType::Q5K),
+    (FileType::Q6K, "Q6_K", 18, GgmlType::Q6K),
+];
+
 impl FileType {
-    pub const ALL: [FileType; 13] = [
-        FileType::F32,
-        FileType::F16,
-        FileType::BF16,
-        FileType::Q8_0,
-        FileType::Q4_0,
-        FileType::Q4_1,
-        FileType::Q5_0,
-        FileType::Q5_1,
-        FileType::Q4KS,
-        FileType::Q4KM,
-        FileType::Q5KS,
-        FileType::Q5KM,
-        FileType::Q6K,
-    ];
+    /// Every file type.
+    pub fn all() -> impl Iterator<Item = FileType> {
+        FILE_TYPES.iter().map(|e| e.0)
+    }
+
+    fn entry(self) -> &'static (FileType, &'static str, u32, GgmlType) {
+        FILE_TYPES.iter().find(|e| e.0 == self).expect("every file type is in the table")
+    }
 
     /// llama-quantize's name (`Q4_K_M`, …).
     pub fn name(self) -> &'static str {
-        match self {
-            FileType::F32 => "F32",
-            FileType::F16 => "F16",
-            FileType::BF16 => "BF16",
-            FileType::Q8_0 => "Q8_0",
-            FileType::Q4_0 => "Q4_0",
-            FileType::Q4_1 => "Q4_1",
-            FileType::Q5_0 => "Q5_0",
-            FileType::Q5_1 => "Q5_1",
-            FileType::Q4KS => "Q4_K_S",
-            FileType::Q4KM => "Q4_K_M",
-            FileType::Q5KS => "Q5_K_S",
-            FileType::Q5KM => "Q5_K_M",
-            FileType::Q6K => "Q6_K",
-        }
+        self.entry().1
     }
 
     /// Parse a name, any case; `q4_k` and `q5_k` mean the `_M` mixes, as in llama-quantize.
@@ -92,43 +89,17 @@ impl FileType {
             "Q5_K" => "Q5_K_M",
             other => other,
         };
-        FileType::ALL.into_iter().find(|t| t.name() == up)
+        FILE_TYPES.iter().find(|e| e.1 == up).map(|e| e.0)
     }
 
     /// `general.file_type`.
     pub fn id(self) -> u32 {
-        match self {
-            FileType::F32 => 0,
-            FileType::F16 => 1,
-            FileType::Q4_0 => 2,
-            FileType::Q4_1 => 3,
-            FileType::Q8_0 => 7,
-            FileType::Q5_0 => 8,
-            FileType::Q5_1 => 9,
-            FileType::Q4KS => 14,
-            FileType::Q4KM => 15,
-            FileType::Q5KS => 16,
-            FileType::Q5KM => 17,
-            FileType::Q6K => 18,
-            FileType::BF16 => 32,
-        }
+        self.entry().2
     }
 
     /// The type most tensors get.
     pub fn default_type(self) -> GgmlType {
-        match self {
-            FileType::F32 => GgmlType::F32,
-            FileType::F16 => GgmlType::F16,
-            FileType::BF16 => GgmlType::BF16,
-            FileType::Q8_0 => GgmlType::Q8_0,
-            FileType::Q4_0 => GgmlType::Q4_0,
-            FileType::Q4_1 => GgmlType::Q4_1,
-            FileType::Q5_0 => GgmlType::Q5_0,
-            FileType::Q5_1 => GgmlType::Q5_1,
-            FileType::Q4KS | FileType::Q4KM => GgmlType::Q4K,
-            FileType::Q5KS | FileType::Q5KM => GgmlType::Q5K,
-            FileType::Q6K => GgmlType::Q6K,
-        }
+        self.entry().3
     }
 }
 

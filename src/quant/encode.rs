@@ -20,20 +20,8 @@ use half::f16;
 
 use crate::loaders::gguf::GgmlType;
 
-/// The formats [`quantize`] writes.
-pub const WRITABLE: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-];
+/// The formats [`quantize`] writes: every format [`super::dequantize`] decodes.
+pub const WRITABLE: [GgmlType; 11] = super::SUPPORTED;
 
 /// Encode `values` (a whole number of `ty` blocks) as `ty`, appending to `out`.
 pub fn quantize_into(ty: GgmlType, values: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
@@ -106,8 +94,11 @@ fn min_max(x: &[f32]) -> (f32, f32) {
     x.iter().fold((f32::MAX, -f32::MAX), |(lo, hi), &v| (if v < lo { v } else { lo }, if v > hi { v } else { hi }))
 }
 
-fn q8_0(x: &[f32], out: &mut Vec<u8>) {
-    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+/// One Q8_0 block: `d = max|x| / 127` (f16), `q = round(x / d)`. A non-finite value makes
+/// the scale NaN, never a silent 0 ([`quantize`] refuses such values before; the cpu
+/// backend's load-time re-quantization relies on the NaN).
+pub fn q8_0(x: &[f32], out: &mut Vec<u8>) {
+    let amax = x.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     out.extend(f16_bits(d));

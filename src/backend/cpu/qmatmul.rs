@@ -241,15 +241,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 /// without a kernel here (Q5_0, Q5_1, the k-quants) reach the Q8_0 kernel.
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() / QK * 34);
-    for block in values.chunks_exact(QK) {
-        // A non-finite value makes the block's scale NaN (never a silent 0).
-        let amax =
-            block.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        out.extend(f16::from_f32(d).to_bits().to_le_bytes());
-        out.extend(block.iter().map(|&v| ((v * id).round() as i32).clamp(-127, 127) as i8 as u8));
-    }
+    values.chunks_exact(QK).for_each(|block| crate::quant::encode::q8_0(block, &mut out));
     out
 }
 
