@@ -18,6 +18,6 @@ if [ ! -d src ]; then
   tar -xzf sdist/llama_cpp_python-*.tar.gz -C src --strip-components=1
 fi
 cmake -S src/vendor/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-cmake --build build --target llama-bench llama-tokenize -j "$(nproc)"
-echo "built $work/build/bin/llama-bench and llama-tokenize"
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+cmake --build build --target llama-bench llama-tokenize llama-server -j "$(nproc)"
+echo "built $work/build/bin/llama-bench, llama-tokenize and llama-server"

@@ -12,6 +12,7 @@
 //! - [`compare`]: NaN-propagating error measures shared by the tests and the engine.
 //! - [`quant`]: GGUF block formats, decoded to f32 (the reference for quantized kernels).
 //! - [`verify`]: a model, stage by stage, against a Hugging Face reference dump.
+//! - [`serve`]: the OpenAI-compatible HTTP server over a continuous-batching scheduler.
 
 pub mod backend;
 pub mod chat;
@@ -21,5 +22,6 @@ pub mod engine;
 pub mod loaders;
 pub mod model;
 pub mod quant;
+pub mod serve;
 pub mod tokenizer;
 pub mod verify;

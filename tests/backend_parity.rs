@@ -230,6 +230,40 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
         }
     }
 
+    // Prefix-cache copies: positions 0..13 of a 20-position prefill, copied into a cache
+    // of another capacity, attend exactly like a cache that prefilled those 13 itself;
+    // misfit copies are errors.
+    for (n_head, hd) in [(4, 16), (3, 6)] {
+        let c = n_head * hd;
+        let spec = AttentionSpec::multi_head(c, n_head, 0.3);
+        let prompt = host(20, 3 * c, normal(&mut rng, 20 * 3 * c, 1.0));
+        let (mut full, mut copied, mut own) =
+            (b.new_kv_cache(2, 40, c).unwrap(), b.new_kv_cache(2, 24, c).unwrap(), b.new_kv_cache(2, 14, c).unwrap());
+        let head = host(13, 3 * c, prompt.data[..13 * 3 * c].to_vec());
+        for layer in 0..2 {
+            b.attention(&b.upload(&prompt), &[SeqSlice { rows: 0..20, start_pos: 0 }], &mut [&mut full], layer, &spec)
+                .unwrap();
+            b.attention(&b.upload(&head), &[SeqSlice { rows: 0..13, start_pos: 0 }], &mut [&mut own], layer, &spec)
+                .unwrap();
+        }
+        b.copy_kv_prefix(&full, &mut copied, 13, hd).unwrap();
+        let next = host(1, 3 * c, normal(&mut rng, 3 * c, 1.0));
+        for layer in 0..2 {
+            let seq = [SeqSlice { rows: 0..1, start_pos: 13 }];
+            let a = read(&b.attention(&b.upload(&next), &seq, &mut [&mut copied], layer, &spec).unwrap());
+            let o = read(&b.attention(&b.upload(&next), &seq, &mut [&mut own], layer, &spec).unwrap());
+            assert!(
+                a.data.iter().zip(&o.data).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}: attention over a copied prefix differs from its own prefill (heads {n_head}x{hd})",
+                b.name()
+            );
+        }
+        assert!(b.copy_kv_prefix(&full, &mut copied, 25, hd).is_err(), "a copy past the capacity");
+        let mut narrow = b.new_kv_cache(2, 24, c - hd).unwrap();
+        assert!(b.copy_kv_prefix(&full, &mut narrow, 3, hd).is_err(), "a copy between widths");
+        assert!(b.copy_kv_prefix(&full, &mut copied, 3, hd + 1).is_err(), "a head size that does not divide");
+    }
+
     // The Llama ops: every backend has them.
     let probe = AttentionSpec {
         n_head: 2,
@@ -343,7 +377,7 @@ fn run(opts: CpuOptions) {
 }
 
 fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
-    CpuOptions { weight_dtype: Some(dtype), kv_f16, isa }
+    CpuOptions { weight_dtype: Some(dtype), kv_f16, isa, batch_invariant: false }
 }
 
 #[test]
@@ -451,7 +485,7 @@ fn quantized_linear_matches_block_arithmetic() {
     let mut rng = Rng::new(77);
     let f16v = |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
     for isa in [Some(Isa::PORTABLE), avx2_or_skip()].into_iter().flatten() {
-        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa }).unwrap();
+        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
             for (n_out, n_in, t, scale) in [
                 (1, 32, 1, 1.0),
@@ -553,7 +587,7 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
         (sc as f64, m as f64)
     };
     for isa in [Some(Isa::PORTABLE), avx2_or_skip()].into_iter().flatten() {
-        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa }).unwrap();
+        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
         for (n_out, n_in, t, scale) in [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0)] {
             let mut bytes = vec![0u8; n_out * n_in / 256 * 144];
             for blk in bytes.chunks_mut(144) {

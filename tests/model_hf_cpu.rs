@@ -10,7 +10,7 @@ use batch_forge::engine::Engine;
 use common::*;
 
 fn opts(weight_dtype: Option<WeightDtype>, kv_f16: bool, isa: Isa) -> CpuOptions {
-    CpuOptions { weight_dtype, kv_f16, isa }
+    CpuOptions { weight_dtype, kv_f16, isa, batch_invariant: false }
 }
 
 #[test]

@@ -239,6 +239,27 @@ pub struct SeqSlice {
     pub start_pos: usize,
 }
 
+/// The checks of [`Backend::copy_kv_prefix`]: same layers and width, `n` inside both.
+pub fn check_kv_copy<K: KvCache>(src: &K, dst: &K, n: usize, head_dim: usize) -> anyhow::Result<()> {
+    let (a, b) = (src.shape(), dst.shape());
+    ensure!(head_dim > 0 && a.width.is_multiple_of(head_dim), "KV copy: heads of {head_dim} in a width of {}", a.width);
+    ensure!(
+        a.n_layer == b.n_layer && a.width == b.width,
+        "KV copy between caches of different shapes ({} × {} and {} × {})",
+        a.n_layer,
+        a.width,
+        b.n_layer,
+        b.width
+    );
+    ensure!(
+        n <= a.capacity && n <= b.capacity,
+        "KV copy of {n} positions between caches of {} and {}",
+        a.capacity,
+        b.capacity
+    );
+    Ok(())
+}
+
 /// A dense row-major f32 matrix in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostMatrix {
@@ -331,6 +352,21 @@ pub trait Backend: Sync + 'static {
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
+
+    /// Copy the keys and values of positions `0..n` of every layer from `src` into `dst`,
+    /// whose heads are `head_dim` wide (a prefix-cache hit: the server reuses a cached
+    /// prompt prefix instead of computing it again). Caches of different widths or layer
+    /// counts, or `n` past either capacity, are an error. A backend without it says so;
+    /// the server then treats every lookup as a miss.
+    fn copy_kv_prefix(
+        &self,
+        _src: &Self::KvCache,
+        _dst: &mut Self::KvCache,
+        _n: usize,
+        _head_dim: usize,
+    ) -> anyhow::Result<()> {
+        anyhow::bail!("the {} backend cannot copy KV caches", self.name())
+    }
 
     /// Activations from host data (inputs for tests and parity checks).
     fn upload(&self, m: &HostMatrix) -> Self::Act;

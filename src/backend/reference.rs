@@ -90,6 +90,16 @@ impl Backend for ReferenceBackend {
         f32_data(t)
     }
 
+    fn copy_kv_prefix(&self, src: &RefKvCache, dst: &mut RefKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+        super::check_kv_copy(src, dst, n, head_dim)?;
+        let len = n * src.width;
+        for ((sk, sv), (dk, dv)) in src.layers.iter().zip(dst.layers.iter_mut()) {
+            dk[..len].copy_from_slice(&sk[..len]);
+            dv[..len].copy_from_slice(&sv[..len]);
+        }
+        Ok(())
+    }
+
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
         let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
         let layers = (0..n_layer)

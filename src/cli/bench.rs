@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// Output format, as llama-bench's `-o`: a markdown table, a JSON array, JSON lines or CSV.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Md)]
     output: OutputFormat,
+    /// Run the cpu backend's batch-invariant kernels (what `forge serve` runs), to measure
+    /// what the guarantee costs.
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -152,6 +156,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.backend.kv_dtype == "f16" {
         dtype.push_str(" (kv f16)");
     }
+    if args.batch_invariant {
+        dtype.push_str(" (batch-invariant)");
+    }
+    let mut args = args;
+    args.backend.batch_invariant = args.batch_invariant;
     let info = Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: 0, bytes_per_param, file_bytes };
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
 }

@@ -8,6 +8,7 @@ mod inspect;
 mod perplexity;
 mod quantize;
 mod random_model;
+mod serve;
 mod tokenize;
 mod verify;
 
@@ -52,6 +53,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Write a GGUF file quantized to another type (llama-quantize's types, choices and bytes).
     Quantize(quantize::QuantizeArgs),
+    /// Serve the model over HTTP: OpenAI-compatible completions and chat, continuous batching.
+    Serve(serve::ServeArgs),
     /// Compare the model stage by stage (embeddings, each block, final norm, logits)
     /// with a HF transformers dump from scripts/hf_reference.py.
     Verify(verify::VerifyArgs),
@@ -92,6 +95,9 @@ pub struct BackendArgs {
     /// KV-cache storage (cpu and gpu; f16 on the gpu needs shader-f16).
     #[arg(long, value_parser = ["f32", "f16"], default_value = "f32")]
     pub kv_dtype: String,
+    /// Batch-invariant cpu kernels (set by `serve`, not a flag).
+    #[arg(skip)]
+    pub batch_invariant: bool,
 }
 
 impl BackendArgs {
@@ -129,7 +135,12 @@ impl BackendArgs {
                 "the reference backend computes in f32 only; --dtype and --kv-dtype apply to --backend cpu"
             );
         }
-        Ok(CpuOptions { weight_dtype, kv_f16: self.kv_dtype == "f16", ..CpuOptions::default() })
+        Ok(CpuOptions {
+            weight_dtype,
+            kv_f16: self.kv_dtype == "f16",
+            batch_invariant: self.batch_invariant,
+            ..CpuOptions::default()
+        })
     }
 
     #[cfg(feature = "gpu")]
@@ -220,6 +231,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Verify(a) => verify::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 
@@ -260,7 +272,7 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     (&["-e", "--escape"], "escapes in -p are processed by default (--no-escape turns it off)"),
     (&["-no-cnv", "--no-conversation", "-st", "--single-turn"], "generate runs one prompt and ends; drop the flag"),
     (&["-sp", "--special"], "special tokens are printed as text only with forge detokenize"),
-    (&["-cb", "--cont-batching", "-np", "--parallel"], "batching belongs to the server, not yet built"),
+    (&["-cb", "--cont-batching", "-np", "--parallel"], "batching belongs to the server: forge serve -np N"),
     (&["-co", "--color"], "output is plain text"),
     (&["-tb", "--threads-batch"], "one thread count (-t) serves prompt and generation"),
     (&["-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"], "give the Hub id to -m (e.g. -m openai-community/gpt2)"),
@@ -271,7 +283,7 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
 const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt"];
 
 /// llama.cpp's multi-letter single-dash names that forge has under a long name.
-pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt")];
+pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt"), ("-np", "--parallel")];
 
 /// The command line with llama.cpp's aliases ([`ALIASES`]) spelled as forge's long names.
 pub fn expand_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

@@ -79,6 +79,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             backend,
             dtype: if plain { DtypeChoice::Auto } else { args.dtype },
             kv_dtype: if plain { "f32".into() } else { args.kv_dtype.clone() },
+            batch_invariant: false,
         };
         // With `all`, a backend that cannot run these flags (gpu and bf16, a build
         // without gpu) is skipped with the reason; asked for alone, it is an error.

@@ -18,6 +18,35 @@ use crate::tokenizer::Tokenizer;
 pub use logprobs::TokenLogprobs;
 pub use sampler::{Sampler, SamplingParams};
 
+/// [`Engine::prompt_ids`] from the parts (the server holds them apart from the model).
+pub fn prompt_ids(tokenizer: &Tokenizer, bos_token_id: Option<u32>, text: &str) -> Vec<u32> {
+    let mut ids: Vec<u32> = tokenizer.bos_to_add().into_iter().collect();
+    ids.extend(tokenizer.encode(text));
+    if ids.is_empty()
+        && let Some(bos) = bos_token_id
+    {
+        ids.push(bos);
+    }
+    ids
+}
+
+/// [`Engine::chat_prompt_ids`] from the parts.
+pub fn chat_prompt_ids(
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    template_error: Option<&str>,
+    messages: &[Message],
+) -> anyhow::Result<Vec<u32>> {
+    let template = match (template, template_error) {
+        (Some(t), _) => t,
+        (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
+        (None, None) => bail!(
+            "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
+        ),
+    };
+    Ok(tokenizer.encode(&template.render(messages, true)?))
+}
+
 pub struct Engine<B: Backend> {
     pub backend: B,
     /// Any architecture: the engine only uses [`CausalLm`].
@@ -232,14 +261,7 @@ impl<B: Backend> Engine<B> {
     /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
     /// is the BOS token alone (GPT-2's `<|endoftext|>`).
     pub fn prompt_ids(&self, text: &str) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.tokenizer.bos_to_add().into_iter().collect();
-        ids.extend(self.tokenizer.encode(text));
-        if ids.is_empty()
-            && let Some(bos) = self.model.info().bos_token_id
-        {
-            ids.push(bos);
-        }
-        ids
+        prompt_ids(&self.tokenizer, self.model.info().bos_token_id, text)
     }
 
     /// Whether `id` ends generation.
@@ -252,14 +274,7 @@ impl<B: Backend> Engine<B> {
     /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
     /// added (the template writes any BOS itself).
     pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
-        let template = match (&self.chat_template, &self.chat_template_error) {
-            (Some(t), _) => t,
-            (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
-            (None, None) => bail!(
-                "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
-            ),
-        };
-        Ok(self.tokenizer.encode(&template.render(messages, true)?))
+        chat_prompt_ids(&self.tokenizer, self.chat_template.as_ref(), self.chat_template_error.as_deref(), messages)
     }
 
     /// A session (KV cache) for up to `capacity` positions, capped by the model's context.

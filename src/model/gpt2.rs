@@ -175,6 +175,10 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         self.config.n_embd
     }
 
+    fn kv_head_dim(&self) -> usize {
+        self.config.n_embd / self.config.n_head.max(1)
+    }
+
     fn forward_traced(
         &self,
         backend: &B,

@@ -168,6 +168,10 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         self.spec.kv_width()
     }
 
+    fn kv_head_dim(&self) -> usize {
+        self.spec.head_dim
+    }
+
     fn forward_traced(
         &self,
         backend: &B,

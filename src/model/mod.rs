@@ -78,6 +78,14 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     /// Values per position and layer in the KV cache, for keys and for values each.
     fn kv_width(&self) -> usize;
 
+    /// Values per key/value head (`kv_width` is a whole number of heads).
+    fn kv_head_dim(&self) -> usize;
+
+    /// Copy positions `0..n` of `src` into `dst` ([`Backend::copy_kv_prefix`]).
+    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> anyhow::Result<()> {
+        backend.copy_kv_prefix(src, dst, n, self.kv_head_dim())
+    }
+
     /// A KV cache for one sequence of up to `capacity` tokens (at most the context).
     fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
         let info = self.info();

@@ -161,6 +161,15 @@ pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue,
     matmul_causal(isa, x, rows, w, epi, Causal::None, out)
 }
 
+/// [`matmul`] whose every output row is bit-identical whatever `rows` is: every row
+/// goes through the GEMM path (K blocks of [`KC`], one FMA chain per output within a
+/// block, blocks added in order), never the few-row GEMV with its split accumulators.
+/// What batch invariance costs on dense weights: decode loses the GEMV's four-way
+/// unrolled chains (it stays memory-bound on this machine; see docs/serving.md).
+pub fn matmul_batch_invariant(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
+    matmul_impl(isa, x, rows, w, epi, Causal::None, true, out)
+}
+
 /// [`matmul`] that skips the work a causal mask makes void (see [`Causal`]).
 pub fn matmul_causal(
     isa: Isa,
@@ -169,6 +178,20 @@ pub fn matmul_causal(
     w: &PackedMatrix,
     epi: Epilogue,
     causal: Causal,
+    out: &mut [f32],
+) {
+    matmul_impl(isa, x, rows, w, epi, causal, false, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_impl(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    w: &PackedMatrix,
+    epi: Epilogue,
+    causal: Causal,
+    fixed_order: bool,
     out: &mut [f32],
 ) {
     assert!(causal == Causal::None || (epi.bias.is_none() && !epi.gelu), "causal products take no epilogue");
@@ -194,9 +217,9 @@ pub fn matmul_causal(
         // of each of the `rows` output rows; groups are disjoint; `out` outlives the scope.
         let out_cols = |r: usize| optr.row(r, n_out);
         match &w.data {
-            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
-            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
-            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, &out_cols),
+            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
+            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
+            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
         }
     });
 }
@@ -241,6 +264,9 @@ pub(crate) struct Tile<'a, T> {
     mr: usize,
     panel: &'a [T],
     kc: usize,
+    /// One accumulator chain per output, in k order, whatever `mr` is (the GEMM
+    /// micro-kernel's order), so a row's result does not depend on the rows beside it.
+    fixed_order: bool,
 }
 
 fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
@@ -318,15 +344,16 @@ fn run_group<T: PanelElem>(
     panels: std::ops::Range<usize>,
     epi: Epilogue,
     causal: Causal,
+    fixed_order: bool,
     out_row: &dyn Fn(usize) -> *mut f32,
 ) {
     let mut acc = [[0.0f32; NR]; MR];
     let panel = |p: usize| &data[p * n_in * NR..(p + 1) * n_in * NR];
-    if rows <= GEMV_MAX_ROWS && causal == Causal::None {
+    if rows <= GEMV_MAX_ROWS && causal == Causal::None && !fixed_order {
         // GEMV: each panel is streamed once, front to back, for all rows together.
         for p in panels {
             acc = [[0.0; NR]; MR];
-            tile(isa, &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in }, &mut acc);
+            tile(isa, &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in, fixed_order }, &mut acc);
             let j0 = p * NR;
             finish_tile(isa, &mut acc, rows, 0, j0, NR.min(n_out - j0), epi, out_row);
         }
@@ -362,7 +389,7 @@ fn run_group<T: PanelElem>(
                         unsafe { copy_cols(out_row(r0 + r).add(j0), acc_r.as_mut_ptr(), nj) };
                     }
                 }
-                let t = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel(p)[k0 * NR..], kc };
+                let t = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel(p)[k0 * NR..], kc, fixed_order };
                 tile(isa, &t, &mut acc);
                 if last {
                     finish_tile(isa, &mut acc, mr, r0, j0, nj, epi, out_row);
@@ -404,6 +431,8 @@ pub(crate) mod x86 {
                 // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted above.
                 unsafe {
                     match t.mr {
+                        1 if t.fixed_order => block::<1, $t>(a, t.lda, b, t.kc, acc, load),
+                        2 if t.fixed_order => block::<2, $t>(a, t.lda, b, t.kc, acc, load),
                         1 => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
                         2 => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
                         3 => block::<3, $t>(a, t.lda, b, t.kc, acc, load),
@@ -547,6 +576,39 @@ mod tests {
                             }
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Every row of the batch-invariant matmul is bit-identical to the same row computed
+    /// alone and at any place in any batch (the plain matmul's rows are not: its GEMV
+    /// splits the sums four ways, which this test also shows, so it can fail).
+    #[test]
+    fn batch_invariant_rows_do_not_depend_on_the_batch() {
+        let (n_in, n_out, big) = (if cfg!(miri) { 300 } else { 600 }, 40, 13);
+        let x = values(big * n_in, 7);
+        let w = values(n_in * n_out, 8);
+        let bias = values(n_out, 9);
+        for dtype in [WeightDtype::F32, WeightDtype::F16] {
+            let packed = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w[k * n_out + j]);
+            for isa in simd::isas_or_skip() {
+                let epi = Epilogue { bias: Some(&bias), gelu: true };
+                let mut all = vec![f32::NAN; big * n_out];
+                matmul_batch_invariant(isa, &x, big, &packed, epi, &mut all);
+                let mut plain_differs = false;
+                for (start, rows) in [(0, 1), (5, 1), (3, 2), (4, 3), (2, 4), (1, 5), (6, 7), (12, 1)] {
+                    let xs = &x[start * n_in..(start + rows) * n_in];
+                    let mut out = vec![f32::NAN; rows * n_out];
+                    matmul_batch_invariant(isa, xs, rows, &packed, epi, &mut out);
+                    let want = &all[start * n_out..(start + rows) * n_out];
+                    let same = out.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} {dtype:?}: rows {start}..{} differ from the 13-row batch", start + rows);
+                    matmul(isa, xs, rows, &packed, epi, &mut out);
+                    plain_differs |= out.iter().zip(want).any(|(a, b)| a.to_bits() != b.to_bits());
+                }
+                if isa.is_avx2() {
+                    assert!(plain_differs, "the plain GEMV was expected to sum in another order");
                 }
             }
         }

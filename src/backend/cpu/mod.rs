@@ -28,7 +28,7 @@ use super::{
 use crate::loaders::gguf::GgmlType;
 use crate::loaders::safetensors::{Dtype, TensorView};
 pub use matmul::PackedMatrix;
-use matmul::{Causal, Epilogue, matmul, matmul_causal};
+use matmul::{Causal, Epilogue, matmul, matmul_batch_invariant, matmul_causal};
 pub use qmatmul::QMatrix;
 use qmatmul::{Q8Rows, QType};
 pub use simd::Isa;
@@ -40,11 +40,17 @@ pub struct CpuOptions {
     /// Store the KV cache as f16 (half the memory and attention bandwidth).
     pub kv_f16: bool,
     pub isa: Isa,
+    /// Batch invariance (what the server runs with): every row of a forward call is
+    /// computed in the same order whatever else is in the batch and however a prompt is
+    /// chunked: dense matmuls always take the fixed-order GEMM path
+    /// ([`matmul::matmul_batch_invariant`]; the quantized kernels are row-invariant
+    /// already) and attention always the per-row path (never the blocked prefill one).
+    pub batch_invariant: bool,
 }
 
 impl Default for CpuOptions {
     fn default() -> Self {
-        CpuOptions { weight_dtype: None, kv_f16: false, isa: Isa::detect() }
+        CpuOptions { weight_dtype: None, kv_f16: false, isa: Isa::detect(), batch_invariant: false }
     }
 }
 
@@ -102,7 +108,12 @@ impl CpuBackend {
         let mut out = self.take(x.rows, w.n_out());
         match w {
             CpuMatrix::Dense(w) => {
-                matmul(self.opts.isa, x, x.rows, w, Epilogue { bias: bias.map(|b| b.as_slice()), gelu }, &mut out)
+                let epi = Epilogue { bias: bias.map(|b| b.as_slice()), gelu };
+                if self.opts.batch_invariant {
+                    matmul_batch_invariant(self.opts.isa, x, x.rows, w, epi, &mut out)
+                } else {
+                    matmul(self.opts.isa, x, x.rows, w, epi, &mut out)
+                }
             }
             CpuMatrix::Quant(w) => {
                 assert_eq!(x.cols, w.n_in, "linear: input width");
@@ -407,6 +418,29 @@ impl Backend for CpuBackend {
         t.to_f32().map_err(anyhow::Error::msg)
     }
 
+    fn copy_kv_prefix(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+        super::check_kv_copy(src, dst, n, head_dim)?;
+        // Head-major layers: each head's first n positions are one contiguous run.
+        let (hd, n_head) = (head_dim, src.width / head_dim);
+        for ((sk, sv), (dk, dv)) in src.layers.iter().zip(dst.layers.iter_mut()) {
+            for (s, d) in [(sk, dk), (sv, dv)] {
+                for h in 0..n_head {
+                    let (from, to) = (kv_index(src.capacity, hd, h, 0), kv_index(dst.capacity, hd, h, 0));
+                    match (s, &mut *d) {
+                        (KvStore::F32(s), KvStore::F32(d)) => {
+                            d[to..to + n * hd].copy_from_slice(&s[from..from + n * hd])
+                        }
+                        (KvStore::F16(s), KvStore::F16(d)) => {
+                            d[to..to + n * hd].copy_from_slice(&s[from..from + n * hd])
+                        }
+                        _ => bail!("KV copy between an f32 and an f16 cache"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<CpuKvCache> {
         let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
         let store = || -> anyhow::Result<KvStore> {
@@ -530,8 +564,9 @@ impl Backend for CpuBackend {
         let caches: &[&mut CpuKvCache] = caches;
         let mut out = self.take(n_rows, qw);
         // 2a. Long slices (prefill): per (sequence, head), S = Q·Kᵀ and O = P·V as matmuls.
-        let blocked: Vec<usize> =
-            (0..seqs.len()).filter(|&s| seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS).collect();
+        let blocked: Vec<usize> = (0..seqs.len())
+            .filter(|&s| !self.opts.batch_invariant && seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS)
+            .collect();
         let head_outputs: Vec<(usize, usize, Vec<f32>)> = if blocked.is_empty() {
             Vec::new() // the decode path: no allocation
         } else {

@@ -699,13 +699,41 @@ impl Backend for GpuBackend {
                 self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("kv cache"),
                     size: bytes.max(4).next_multiple_of(4),
-                    usage: wgpu::BufferUsages::STORAGE,
+                    // COPY_*: prefix-cache hits copy positions between caches.
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })
             })
             .collect();
         self.check()?;
         Ok(GpuKvCache { layers, f16: self.opts.kv_f16, capacity, width, bind_groups: self.bind_groups.clone() })
+    }
+
+    fn copy_kv_prefix(&self, src: &GpuKvCache, dst: &mut GpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+        super::check_kv_copy(src, dst, n, head_dim)?;
+        ensure!(src.f16 == dst.f16, "KV copy between an f32 and an f16 cache");
+        // Each layer's buffer is [2][n_head][capacity][head_dim]: one run per (k/v, head).
+        let elem = if src.f16 { 2u64 } else { 4 };
+        let (hd, n_head) = (head_dim as u64, (src.width / head_dim) as u64);
+        let run = n as u64 * hd * elem;
+        let aligned = |x: u64| x.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        ensure!(
+            aligned(run) && aligned(hd * elem),
+            "KV copy: runs of {run} bytes are not 4-byte aligned (odd f16 head size)"
+        );
+        if run == 0 {
+            return Ok(());
+        }
+        self.with_encoder(|enc| {
+            for (s, d) in src.layers.iter().zip(&dst.layers) {
+                for kv_head in 0..2 * n_head {
+                    let from = kv_head * src.capacity as u64 * hd * elem;
+                    let to = kv_head * dst.capacity as u64 * hd * elem;
+                    enc.copy_buffer_to_buffer(s, from, d, to, run);
+                }
+            }
+        });
+        self.check()
     }
 
     fn upload(&self, m: &HostMatrix) -> GpuAct {

@@ -1,0 +1,170 @@
+//! `forge serve`: the OpenAI-compatible HTTP server (flag names from llama-server).
+
+use std::time::Duration;
+
+use clap::Args;
+
+use batch_forge::backend::Backend as _;
+use batch_forge::engine::Engine;
+use batch_forge::serve::{self, AppState, SchedulerConfig, ServeConfig};
+
+use super::{BackendArgs, with_backend};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model folder, GGUF file, or Hub id.
+    #[arg(short = 'm', long)]
+    model: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Sequences decoded together in one forward (llama-server's -np).
+    #[arg(long = "parallel", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    parallel: u32,
+    /// KV positions in the pool over all sequences (0: --parallel × the model's context).
+    #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
+    ctx_size: usize,
+    /// Tokens per forward at most: decode rows plus prompt chunks (chunked prefill).
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    batch_size: u32,
+    /// Requests that may wait beyond the running ones; more get 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "FORGE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The model id /v1/models reports (default: the model's file or folder name).
+    #[arg(short = 'a', long)]
+    alias: Option<String>,
+    /// Do not keep finished sequences' KV caches for prompts that share their prefix.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Let each forward use the fastest kernel for its shape (cpu backend). Faster for
+    /// dense weights, but a request's output may then depend on what else is batched.
+    #[arg(long)]
+    no_batch_invariance: bool,
+    /// Threads for the model (default: the physical cores).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    args.backend.validate("serve")?;
+    if let Some(t) = args.threads {
+        super::check_threads(&[t])?;
+        super::warn_threads(&[t]);
+    }
+    anyhow::ensure!(args.api_key.as_deref() != Some(""), "--api-key must not be empty");
+    let dir = super::model_dir(&args.model, true, "serve")?;
+    let name = args
+        .alias
+        .clone()
+        .unwrap_or_else(|| dir.file_name().map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned()));
+    let config = ServeConfig {
+        model_name: name,
+        api_key: args.api_key.clone(),
+        max_queue: args.max_queue,
+        scheduler: SchedulerConfig {
+            parallel: args.parallel as usize,
+            ctx_size: args.ctx_size,
+            batch_tokens: args.batch_size as usize,
+            prefix_cache: !args.no_prefix_cache,
+        },
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let state = AppState::new(config);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind((args.host.as_str(), args.port)))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    eprintln!("listening on http://{addr}");
+
+    // The model loads and runs on its own thread; the HTTP side answers 503 meanwhile.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let engine_state = state.clone();
+    let mut backend = args.backend.clone();
+    backend.batch_invariant = !args.no_batch_invariance;
+    let threads = args.threads;
+    std::thread::Builder::new().name("scheduler".into()).spawn(move || {
+        let result = super::in_pool(threads, || {
+            with_backend!(backend, |b| {
+                let engine = Engine::load(b, &dir)?;
+                let info = engine.model.info().clone();
+                tracing::info!(
+                    architecture = info.architecture,
+                    n_params = info.n_params,
+                    context = info.context_length,
+                    backend = engine.backend.name(),
+                    "model loaded"
+                );
+                serve::run_engine(engine, &engine_state)
+            })
+        });
+        let _ = done_tx.send(result);
+    })?;
+
+    let app = serve::api::router(state.clone());
+    let stop_state = state.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: in-flight requests are cancelled");
+        serve::request_stop(&stop_state);
+        // Never hang: whatever is still open after a grace period is cut.
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_secs(10));
+            eprintln!("shutdown grace period over; exiting");
+            std::process::exit(0);
+        });
+    };
+    runtime.block_on(async move {
+        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown).into_future();
+        tokio::pin!(server);
+        tokio::select! {
+            r = &mut server => r.map_err(anyhow::Error::from),
+            r = done_rx => match r {
+                // Stopped on a signal: let the server finish its graceful shutdown.
+                Ok(Ok(())) => server.await.map_err(anyhow::Error::from),
+                Ok(Err(e)) => Err(e.context("the model could not be served")),
+                Err(_) => Err(anyhow::anyhow!("the scheduler thread ended without a result (a panic)")),
+            },
+        }
+    })?;
+    eprintln!("server stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

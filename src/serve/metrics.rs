@@ -1,0 +1,166 @@
+//! Server counters and latency histograms, rendered as Prometheus text for `GET /metrics`.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A Prometheus histogram over fixed buckets (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (non-cumulative), then the sum and the count.
+    state: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+/// Latency buckets from 1 ms to 60 s.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, state: Mutex::new((vec![0; bounds.len()], 0.0, 0)) }
+    }
+
+    pub fn observe(&self, v: f64) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = self.bounds.iter().position(|&b| v <= b) {
+            s.0[i] += 1;
+        }
+        s.1 += v;
+        s.2 += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, n) in self.bounds.iter().zip(&s.0) {
+            cum += n;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", s.2, s.1, s.2);
+    }
+}
+
+/// Everything `/metrics` reports; written by the scheduler and the HTTP layer.
+pub struct Metrics {
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub requests_running: AtomicU64,
+    pub requests_waiting: AtomicU64,
+    pub requests_ok: AtomicU64,
+    pub requests_rejected: AtomicU64,
+    pub requests_cancelled: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_cached: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
+    pub prefix_cache_hit_tokens: AtomicU64,
+    /// The most sequences one forward has held.
+    pub batch_sequences_max: AtomicU64,
+    /// Forward passes run.
+    pub steps: AtomicU64,
+    /// Time to first token (from arrival at the scheduler).
+    pub ttft: Histogram,
+    /// Inter-token latency.
+    pub itl: Histogram,
+    /// Whole request, arrival to last event.
+    pub e2e: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            requests_running: AtomicU64::new(0),
+            requests_waiting: AtomicU64::new(0),
+            requests_ok: AtomicU64::new(0),
+            requests_rejected: AtomicU64::new(0),
+            requests_cancelled: AtomicU64::new(0),
+            kv_blocks_used: AtomicU64::new(0),
+            kv_blocks_cached: AtomicU64::new(0),
+            kv_blocks_total: AtomicU64::new(0),
+            prefix_cache_hits: AtomicU64::new(0),
+            prefix_cache_hit_tokens: AtomicU64::new(0),
+            batch_sequences_max: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            itl: Histogram::new(LATENCY_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let counters: [(&str, &str, &str, &AtomicU64); 14] = [
+            ("forge_prompt_tokens_total", "counter", "Prompt tokens admitted.", &self.prompt_tokens),
+            ("forge_generation_tokens_total", "counter", "Tokens generated.", &self.generation_tokens),
+            ("forge_requests_running", "gauge", "Sequences being decoded or prefilled.", &self.requests_running),
+            ("forge_requests_waiting", "gauge", "Requests waiting for a slot or KV blocks.", &self.requests_waiting),
+            ("forge_requests_success_total", "counter", "Requests answered in full.", &self.requests_ok),
+            ("forge_requests_rejected_total", "counter", "Requests answered with an error.", &self.requests_rejected),
+            ("forge_requests_cancelled_total", "counter", "Requests whose client went away.", &self.requests_cancelled),
+            (
+                "forge_kv_blocks_used",
+                "gauge",
+                "KV blocks held (running sequences and the prefix cache).",
+                &self.kv_blocks_used,
+            ),
+            ("forge_kv_blocks_cached", "gauge", "KV blocks held by the prefix cache.", &self.kv_blocks_cached),
+            ("forge_kv_blocks_total", "gauge", "KV blocks in the pool.", &self.kv_blocks_total),
+            (
+                "forge_prefix_cache_hits_total",
+                "counter",
+                "Requests that reused cached prompt blocks.",
+                &self.prefix_cache_hits,
+            ),
+            (
+                "forge_prefix_cache_hit_tokens_total",
+                "counter",
+                "Prompt tokens reused from the prefix cache.",
+                &self.prefix_cache_hit_tokens,
+            ),
+            (
+                "forge_batch_sequences_max",
+                "gauge",
+                "The most sequences one forward has held.",
+                &self.batch_sequences_max,
+            ),
+            ("forge_steps_total", "counter", "Forward passes (scheduler steps) run.", &self.steps),
+        ];
+        for (name, kind, help, v) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Ordering::Relaxed));
+        }
+        self.ttft.render(&mut out, "forge_time_to_first_token_seconds", "Time to first token.");
+        self.itl.render(&mut out, "forge_inter_token_latency_seconds", "Time between consecutive tokens.");
+        self.e2e.render(&mut out, "forge_request_duration_seconds", "Request duration, arrival to last token.");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_render_cumulative_buckets() {
+        let m = Metrics::default();
+        m.ttft.observe(0.003);
+        m.ttft.observe(0.2);
+        m.ttft.observe(100.0);
+        m.prompt_tokens.store(42, Ordering::Relaxed);
+        let text = m.render();
+        assert!(text.contains("forge_prompt_tokens_total 42\n"), "{text}");
+        assert!(text.contains("forge_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"), "{text}");
+        assert!(text.contains("forge_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"), "{text}");
+        assert!(text.contains("forge_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
+        assert!(text.contains("forge_time_to_first_token_seconds_count 3\n"), "{text}");
+    }
+}

