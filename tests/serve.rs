@@ -321,14 +321,20 @@ fn streaming_and_stop_strings() {
 /// A chat model (the Llama fixture with a ChatML template): the answer equals what the
 /// engine generates from the template's prompt, streamed deltas join to it, and the
 /// chat logprobs shape is OpenAI's.
-#[test]
-fn chat_completions() {
+/// The Llama fixture with a ChatML template added.
+fn chat_model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
         std::fs::copy(fixture("tiny-llama").join(f), dir.path().join(f)).unwrap();
     }
     let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     std::fs::write(dir.path().join("chat_template.jinja"), chatml).unwrap();
+    dir
+}
+
+#[test]
+fn chat_completions() {
+    let dir = chat_model_dir();
     let s = Server::start(dir.path(), &[]);
     let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Café? 東京"}]);
     let body = json!({"messages": messages, "max_tokens": 10, "temperature": 0, "logprobs": true, "top_logprobs": 2, "ignore_eos": true});
@@ -590,4 +596,178 @@ fn smollm2_serves_chats_batch_invariantly() {
     let eos = g.stop == batch_forge::engine::StopReason::Eos;
     let ids = &g.generated_ids[..g.generated_ids.len() - usize::from(eos)];
     assert_eq!(alone[0].0, engine.tokenizer.decode(ids).unwrap());
+}
+
+/// The official `openai` Python package as the client (`tests/openai_client.py`):
+/// completions and chat, streamed and whole, stop strings split across tokens,
+/// logprobs, seeds and errors. `.ci/run` installs it into a virtualenv and sets
+/// `BATCH_FORGE_OPENAI_PYTHON` to that interpreter.
+#[test]
+fn openai_python_package_drives_the_server() {
+    let python = match std::env::var_os("BATCH_FORGE_OPENAI_PYTHON") {
+        Some(p) => p,
+        None => {
+            let msg = "BATCH_FORGE_OPENAI_PYTHON is not set: point it at a Python with the `openai` package \
+                       (python3 -m venv V && V/bin/pip install openai; .ci/run does this)";
+            assert!(!common::in_ci(), "{msg}");
+            eprintln!("SKIP: {msg}");
+            return;
+        }
+    };
+    let dir = chat_model_dir();
+    let s = Server::start(dir.path(), &["--api-key", "k3y"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let out = Command::new(python).arg(script).arg(&s.base).arg("k3y").output().expect("run python");
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        s.log.lock().unwrap()
+    );
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Soak (local only: `cargo test --release --test serve -- --ignored soak`): 1,000
+/// requests from 16 clients at once, of random sizes, streamed or not, a fifth of them
+/// hung up early, against 8 slots, a queue of 4 and a KV pool smaller than the load.
+/// Every request completes with exactly its answer alone (bit for bit), is cancelled
+/// by its client, or is refused with 429; afterwards every block is back in the pool
+/// (or in the prefix cache) and the resident memory has not grown.
+#[test]
+#[ignore = "a soak test: minutes of load; run it by name"]
+fn soak() {
+    let s = Server::start(&fixture("tiny-gpt2"), &["-np", "8", "--max-queue", "4", "-c", "1024"]);
+    let pid = s.child.id();
+    // 40 distinct greedy requests; several share a 48-token prefix (prefix-cache hits).
+    let mut rng = batch_forge::engine::sampler::Rng::new(7);
+    let shared: Vec<u32> = (0..48).map(|_| (rng.next_u64() % 50000) as u32).collect();
+    let bodies: Vec<Value> = (0..40)
+        .map(|i| {
+            let len = 1 + (rng.next_u64() % 90) as usize;
+            let mut prompt: Vec<u32> = if i % 3 == 0 { shared.clone() } else { Vec::new() };
+            prompt.extend((0..len).map(|_| (rng.next_u64() % 50000) as u32));
+            prompt.truncate(110);
+            let max = 1 + (rng.next_u64() % (127 - prompt.len() as u64).min(60)) as usize;
+            json!({"prompt": prompt, "max_tokens": max, "temperature": 0, "logprobs": 1, "ignore_eos": true})
+        })
+        .collect();
+    let alone: Vec<(Value, Value)> = bodies.iter().map(|b| answer(&s.ok("/v1/completions", b))).collect();
+    let rss_start = rss_kb(pid);
+    let (done, cancelled, refused, wrong) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for client in 0..16u64 {
+            let (s, bodies, alone, next) = (&s, &bodies, &alone, &next);
+            let (done, cancelled, refused, wrong) = (&done, &cancelled, &refused, &wrong);
+            scope.spawn(move || {
+                let mut rng = batch_forge::engine::sampler::Rng::new(100 + client);
+                use std::sync::atomic::Ordering::Relaxed;
+                while next.fetch_add(1, Relaxed) < 1000 {
+                    let k = (rng.next_u64() % bodies.len() as u64) as usize;
+                    let (stream, hang_up) = (rng.next_u64() % 2 == 0, rng.next_u64() % 5 == 0);
+                    let mut body = bodies[k].clone();
+                    if stream {
+                        body["stream"] = json!(true);
+                        let url = format!("{}/v1/completions", s.base);
+                        match ureq::post(&url).send_string(&body.to_string()) {
+                            Err(ureq::Error::Status(429, _)) => {
+                                refused.fetch_add(1, Relaxed);
+                                std::thread::sleep(Duration::from_millis(100)); // back off
+                            }
+                            Err(e) => panic!("stream request: {e}"),
+                            Ok(r) => {
+                                let mut text = String::new();
+                                let mut lps = Vec::new();
+                                let mut finished = false;
+                                for (n, line) in BufReader::new(r.into_reader()).lines().enumerate() {
+                                    if hang_up && n >= 3 {
+                                        break; // drops the connection mid-stream
+                                    }
+                                    let line = line.unwrap();
+                                    let Some(data) = line.strip_prefix("data: ") else { continue };
+                                    if data == "[DONE]" {
+                                        finished = true;
+                                        break;
+                                    }
+                                    let v: Value = serde_json::from_str(data).unwrap();
+                                    text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+                                    if let Some(l) = v["choices"][0]["logprobs"]["token_logprobs"].as_array() {
+                                        lps.extend(l.iter().cloned());
+                                    }
+                                }
+                                if finished {
+                                    let ok = Value::from(text) == alone[k].0
+                                        && Value::from(lps) == alone[k].1["token_logprobs"];
+                                    if !ok {
+                                        wrong.fetch_add(1, Relaxed);
+                                    }
+                                    done.fetch_add(1, Relaxed);
+                                } else {
+                                    cancelled.fetch_add(1, Relaxed);
+                                }
+                            }
+                        }
+                    } else {
+                        let agent = ureq::AgentBuilder::new()
+                            .timeout(if hang_up { Duration::from_millis(3) } else { Duration::from_secs(120) })
+                            .build();
+                        match agent.post(&format!("{}/v1/completions", s.base)).send_string(&body.to_string()) {
+                            Ok(r) => {
+                                let v: Value = serde_json::from_str(&r.into_string().unwrap()).unwrap();
+                                if answer(&v) != alone[k] {
+                                    wrong.fetch_add(1, Relaxed);
+                                }
+                                done.fetch_add(1, Relaxed);
+                            }
+                            Err(ureq::Error::Status(429, _)) => {
+                                refused.fetch_add(1, Relaxed);
+                                std::thread::sleep(Duration::from_millis(100)); // back off
+                            }
+                            Err(ureq::Error::Transport(_)) if hang_up => {
+                                cancelled.fetch_add(1, Relaxed);
+                            }
+                            Err(e) => panic!("request: {e}"),
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    // Every sequence ends; every block not cached is free again.
+    let t1 = Instant::now();
+    while s.metric("forge_requests_running") + s.metric("forge_requests_waiting") > 0.0 {
+        assert!(t1.elapsed() < Duration::from_secs(30), "sequences left running");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (used, cached) = (s.metric("forge_kv_blocks_used"), s.metric("forge_kv_blocks_cached"));
+    let rss_end = rss_kb(pid);
+    use std::sync::atomic::Ordering::Relaxed;
+    let (d, c, r, w) = (done.load(Relaxed), cancelled.load(Relaxed), refused.load(Relaxed), wrong.load(Relaxed));
+    eprintln!(
+        "soak: {d} completed, {c} cancelled, {r} refused (429), {w} wrong, in {secs:.1} s; \
+         blocks used {used} (cached {cached}) of {}; prefix hits {}; max batch {}; RSS {rss_start} → {rss_end} kB",
+        s.metric("forge_kv_blocks_total"),
+        s.metric("forge_prefix_cache_hits_total"),
+        s.metric("forge_batch_sequences_max"),
+    );
+    assert_eq!(d + c + r, 1000);
+    assert_eq!(w, 0, "completed requests whose answer differed from the request alone");
+    assert_eq!(used, cached, "blocks held by no sequence and no cache entry");
+    assert!(rss_end < rss_start + 20 * 1024, "resident memory grew: {rss_start} → {rss_end} kB");
 }
