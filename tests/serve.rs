@@ -18,13 +18,22 @@ struct Server {
     child: Child,
     base: String,
     log: Arc<Mutex<String>>,
+    /// The server's API key, if it was started with one (used for /metrics).
+    key: Option<String>,
 }
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Self::start_with(model, extra, &[])
+    }
+
+    /// With environment variables (`BATCH_FORGE_STEP_DELAY_MS` slows each step).
+    fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_owned());
         let mut child = Command::new(env!("CARGO_BIN_EXE_forge"))
             .args(["serve", "-m", model.to_str().unwrap(), "--port", "0", "-t", "2"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .env_remove("FORGE_API_KEY")
             .stdout(Stdio::null())
@@ -47,7 +56,7 @@ impl Server {
         let base = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
             panic!("the server did not start: {}", log.lock().unwrap());
         });
-        let server = Server { child, base, log };
+        let server = Server { child, base, log, key };
         let t0 = Instant::now();
         while server.get("/health").0 != 200 {
             assert!(t0.elapsed() < Duration::from_secs(60), "never healthy: {}", server.log.lock().unwrap());
@@ -105,7 +114,11 @@ impl Server {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.get("/metrics");
+        let mut req = ureq::get(&format!("{}/metrics", self.base));
+        if let Some(k) = &self.key {
+            req = req.set("Authorization", &format!("Bearer {k}"));
+        }
+        let text = req.call().expect("/metrics").into_string().unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
             .unwrap_or_else(|| panic!("no metric {name}"))
@@ -278,13 +291,11 @@ fn streaming_and_stop_strings() {
     let events = s.stream("/v1/completions", &streamed);
     let joined: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
     assert_eq!(joined, text);
-    let lps: Vec<Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["logprobs"]["token_logprobs"].as_array())
-        .flatten()
-        .cloned()
-        .collect();
-    assert_eq!(Value::from(lps), whole["choices"][0]["logprobs"]["token_logprobs"]);
+    for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let joined: Vec<Value> =
+            events.iter().filter_map(|e| e["choices"][0]["logprobs"][field].as_array()).flatten().cloned().collect();
+        assert_eq!(Value::from(joined), whole["choices"][0]["logprobs"][field], "streamed {field}");
+    }
     let usage = events.last().unwrap();
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 12);
@@ -311,11 +322,15 @@ fn streaming_and_stop_strings() {
         assert_eq!(got, text[..cut], "stream {stream}: stop {stop:?}");
         assert_eq!(reason, "stop");
     }
-    // echo puts the prompt in front.
+    // echo puts the prompt in front, streamed or not.
     let mut body = base.clone();
     body["echo"] = json!(true);
     body.as_object_mut().unwrap().remove("logprobs");
     assert_eq!(s.ok("/v1/completions", &body)["choices"][0]["text"], format!("Hello world{text}"));
+    body["stream"] = json!(true);
+    let joined: String =
+        s.stream("/v1/completions", &body).iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+    assert_eq!(joined, format!("Hello world{text}"));
 }
 
 /// A chat model (the Llama fixture with a ChatML template): the answer equals what the
@@ -426,13 +441,28 @@ fn invalid_requests_are_clear_errors() {
     // Still serving.
     s.ok("/v1/completions", &json!({"prompt": "still here", "max_tokens": 2}));
     assert!(s.metric("forge_requests_rejected_total") >= 29.0);
+    drop(s);
+
+    // Within the context but never within the pool (-c 64: 4 blocks of 16).
+    let s = Server::start(&fixture("tiny-gpt2"), &["-c", "64"]);
+    let (code, v) = s.post("/v1/completions", &json!({"prompt": vec![11; 40], "max_tokens": 40}));
+    assert_eq!(code, 400, "{v}");
+    assert_eq!(v["error"]["param"], "max_tokens");
+    assert!(v["error"]["message"].as_str().unwrap().contains("pool"), "{v}");
+    s.ok("/v1/completions", &json!({"prompt": vec![11; 40], "max_tokens": 24}));
 }
 
 /// The API key guards every route but /health; a full queue is a 429; /v1/models,
 /// /tokenize and /detokenize answer in their shapes.
 #[test]
 fn api_key_queue_limit_and_small_routes() {
-    let s = Server::start(&fixture("tiny-gpt2"), &["--api-key", "sekrit", "-np", "1", "--max-queue", "0"]);
+    // 20 ms a step, so a 120-token stream lasts 2.4 s: long enough to queue behind and
+    // to hang up on.
+    let s = Server::start_with(
+        &fixture("tiny-gpt2"),
+        &["--api-key", "sekrit", "-np", "1", "--max-queue", "1"],
+        &[("BATCH_FORGE_STEP_DELAY_MS", "20")],
+    );
     let body = json!({"prompt": "hi", "max_tokens": 2}).to_string();
     let (code, v) = s.post_raw("/v1/completions", &body, None);
     assert_eq!((code, v["error"]["type"].as_str()), (401, Some("authentication_error")));
@@ -459,35 +489,52 @@ fn api_key_queue_limit_and_small_routes() {
     let (_, v) = s.post_raw("/detokenize", r#"{"tokens": [15496, 995]}"#, Some("sekrit"));
     assert_eq!(v["content"], "Hello world");
 
-    // One slot, no queue: while a long stream runs, the next request is refused.
-    let url = format!("{}/v1/completions", s.base);
-    let r = ureq::post(&url)
-        .set("Authorization", "Bearer sekrit")
-        .send_string(&json!({"prompt": "a", "max_tokens": 120, "stream": true, "ignore_eos": true}).to_string())
-        .unwrap();
-    let mut lines = BufReader::new(r.into_reader()).lines();
-    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    // One slot and a queue of one: a long stream runs, a second one waits (its prompt
+    // not yet admitted), a third request is refused.
+    let stream = |prompt: Value, max_tokens: usize| {
+        let r = ureq::post(&format!("{}/v1/completions", s.base))
+            .set("Authorization", "Bearer sekrit")
+            .send_string(
+                &json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true, "ignore_eos": true}).to_string(),
+            )
+            .unwrap();
+        BufReader::new(r.into_reader()).lines()
+    };
+    let (prompt_before, gen_before) =
+        (s.metric("forge_prompt_tokens_total"), s.metric("forge_generation_tokens_total"));
+    let mut running = stream(json!("a"), 120);
+    assert!(running.next().unwrap().unwrap().starts_with("data: "));
+    let queued = stream(json!(vec![11; 50]), 60); // waits: the slot is taken
+    let t0 = Instant::now();
+    while s.metric("forge_requests_waiting") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the second stream never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (code, v) = s.post_raw("/v1/completions", &body, Some("sekrit"));
     assert_eq!(code, 429, "{v}");
     assert_eq!(v["error"]["type"], "rate_limit_error");
-    // Hanging up frees the slot (the sequence is cancelled within a step).
-    drop(lines);
+    // Hanging up cancels both: the queued one before it is ever admitted, the running
+    // one mid-generation.
+    drop(queued);
+    drop(running);
     let t0 = Instant::now();
-    loop {
-        let (code, _) = s.post_raw("/v1/completions", &body, Some("sekrit"));
-        if code == 200 {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "the cancelled stream never freed its slot");
+    while s.metric("forge_requests_cancelled_total") < 2.0 || s.metric("forge_requests_running") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the streams were never cancelled: {}", s.log.lock().unwrap());
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(s.metric("forge_requests_waiting"), 0.0);
+    assert_eq!(s.metric("forge_prompt_tokens_total") - prompt_before, 1.0, "the queued prompt was admitted");
+    let generated = s.metric("forge_generation_tokens_total") - gen_before;
+    assert!(generated < 100.0, "the hung-up stream went on generating ({generated} tokens)");
+    assert_eq!(s.metric("forge_kv_blocks_used"), s.metric("forge_kv_blocks_cached"), "blocks not returned");
+    assert_eq!(s.post_raw("/v1/completions", &body, Some("sekrit")).0, 200);
 }
 
 /// SIGTERM with a stream in flight: the stream ends and the process exits cleanly.
 #[cfg(unix)]
 #[test]
 fn sigterm_shuts_down_cleanly() {
-    let mut s = Server::start(&fixture("tiny-gpt2"), &["-np", "1"]);
+    let mut s = Server::start_with(&fixture("tiny-gpt2"), &["-np", "1"], &[("BATCH_FORGE_STEP_DELAY_MS", "20")]);
     let url = format!("{}/v1/completions", s.base);
     let r = ureq::post(&url)
         .send_string(&json!({"prompt": "a", "max_tokens": 120, "stream": true, "ignore_eos": true}).to_string())
@@ -496,18 +543,18 @@ fn sigterm_shuts_down_cleanly() {
     assert!(lines.next().unwrap().unwrap().starts_with("data: "));
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
-    // The rest of the stream arrives or it is cut; either way it ends.
-    for line in lines.by_ref() {
-        if line.is_err() {
-            break;
-        }
-    }
+    // The stream (2.4 s of tokens at 20 ms a step) ends with an error event and [DONE].
     let t0 = Instant::now();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(t0.elapsed() < Duration::from_secs(2), "the stream was not cut short");
+    assert!(rest.iter().any(|l| l.contains("shutting down")), "no error event: {rest:?}");
+    assert_eq!(rest.iter().rev().find(|l| l.starts_with("data: ")).map(String::as_str), Some("data: [DONE]"));
+    // The process exits by itself, well before the 10 s grace period would cut it (exit 1).
     let status = loop {
         if let Some(st) = s.child.try_wait().unwrap() {
             break st;
         }
-        assert!(t0.elapsed() < Duration::from_secs(15), "the server did not exit: {}", s.log.lock().unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(8), "the server did not exit: {}", s.log.lock().unwrap());
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "exit status {status}: {}", s.log.lock().unwrap());
@@ -645,7 +692,7 @@ fn rss_kb(pid: u32) -> u64 {
 #[test]
 #[ignore = "a soak test: minutes of load; run it by name"]
 fn soak() {
-    let s = Server::start(&fixture("tiny-gpt2"), &["-np", "8", "--max-queue", "4", "-c", "1024"]);
+    let s = Server::start(&fixture("tiny-gpt2"), &["-np", "8", "--max-queue", "4", "-c", "512"]);
     let pid = s.child.id();
     // 40 distinct greedy requests; several share a 48-token prefix (prefix-cache hits).
     let mut rng = batch_forge::engine::sampler::Rng::new(7);
@@ -679,7 +726,7 @@ fn soak() {
                 use std::sync::atomic::Ordering::Relaxed;
                 while next.fetch_add(1, Relaxed) < 1000 {
                     let k = (rng.next_u64() % bodies.len() as u64) as usize;
-                    let (stream, hang_up) = (rng.next_u64() % 2 == 0, rng.next_u64() % 5 == 0);
+                    let (stream, hang_up) = (rng.next_u64().is_multiple_of(2), rng.next_u64().is_multiple_of(5));
                     let mut body = bodies[k].clone();
                     if stream {
                         body["stream"] = json!(true);
@@ -711,8 +758,8 @@ fn soak() {
                                     }
                                 }
                                 if finished {
-                                    let ok = Value::from(text) == alone[k].0
-                                        && Value::from(lps) == alone[k].1["token_logprobs"];
+                                    let ok =
+                                        alone[k].0 == text.as_str() && Value::from(lps) == alone[k].1["token_logprobs"];
                                     if !ok {
                                         wrong.fetch_add(1, Relaxed);
                                     }

@@ -76,6 +76,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ctx_size: args.ctx_size,
             batch_tokens: args.batch_size as usize,
             prefix_cache: !args.no_prefix_cache,
+            step_delay: std::time::Duration::from_millis(
+                std::env::var("BATCH_FORGE_STEP_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
+            ),
         },
     };
     let _ = tracing_subscriber::fmt()
@@ -127,8 +130,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         // Never hang: whatever is still open after a grace period is cut.
         std::thread::spawn(|| {
             std::thread::sleep(Duration::from_secs(10));
-            eprintln!("shutdown grace period over; exiting");
-            std::process::exit(0);
+            eprintln!("error: shutdown grace period over; connections were cut");
+            std::process::exit(1);
         });
     };
     runtime.block_on(async move {

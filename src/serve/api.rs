@@ -329,6 +329,9 @@ fn number(
     }
 }
 
+/// The longest stop sequence accepted.
+const MAX_STOP_BYTES: usize = 1024;
+
 /// The checks both endpoints share, after each has built its prompt ids.
 fn check_common(
     r: &GenRequest,
@@ -365,7 +368,12 @@ fn check_common(
             ));
         }
         Some(m) => m as usize,
-        None => default_max.unwrap_or(room).min(room),
+        // Unasked, at most what the pool can hold beside the prompt.
+        None => default_max
+            .unwrap_or(room)
+            .min(room)
+            .min((l.scheduler.total_blocks() * BLOCK_TOKENS + 1).saturating_sub(prompt.len()))
+            .max(1),
     };
     let pool = l.scheduler.total_blocks();
     let need = blocks_for(positions_for(prompt.len(), max_tokens));
@@ -399,8 +407,8 @@ fn check_common(
     if stops.len() > 4 {
         return Err(ApiError::bad("stop", format!("at most 4 stop sequences, got {}", stops.len())));
     }
-    if stops.iter().any(|s| s.is_empty()) {
-        return Err(ApiError::bad("stop", "a stop sequence must not be empty"));
+    if stops.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad("stop", format!("a stop sequence must have 1 to {MAX_STOP_BYTES} bytes")));
     }
     let seed = r
         .seed
@@ -682,7 +690,10 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
             slot,
             Meta { id, rid, name, created, prompt_tokens },
         ));
-        let sse = Sse::new(ReceiverStream::new(out_rx));
+        // Keep-alive comments make a silent stream (queued, or a long prefill) notice a
+        // client that hung up.
+        let keep_alive = axum::response::sse::KeepAlive::new().interval(std::time::Duration::from_secs(1));
+        let sse = Sse::new(ReceiverStream::new(out_rx)).keep_alive(keep_alive);
         return Ok(sse.into_response());
     }
     let started = Instant::now();
@@ -706,13 +717,18 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
                 break;
             }
             Event::Failed(e) => {
-                return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e));
+                let status = if state.stop.load(Ordering::Relaxed) {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                };
+                return Err(ApiError::status(status, e));
             }
         }
     }
     drop(rx);
     if finish.is_none() && !out.stopped() {
-        return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "the generation ended without a result"));
+        return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"));
     }
     out.finish();
     let (_, tokens) = out.take_ready(true);
@@ -823,7 +839,17 @@ async fn stream_task(
     let mut generated = 0;
     let mut cached = 0;
     let mut finish = None;
-    while let Some(ev) = rx.recv().await {
+    loop {
+        // A client that hangs up is noticed even while the request waits or prefills.
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = tx.closed() => {
+                state.metrics.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(id = m.id, "client went away; cancelled");
+                return;
+            }
+        };
+        let Some(ev) = ev else { break };
         match ev {
             Event::Started { cached: n } => cached = n,
             Event::Token { id, logprobs } => {
@@ -857,7 +883,11 @@ async fn stream_task(
     }
     drop(rx);
     if finish.is_none() && !out.stopped() {
-        return; // the scheduler went away (shutdown)
+        // The scheduler went away (shutdown): say so, and end the stream properly.
+        let err = ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down");
+        let _ = tx.send(sse(&err.body())).await;
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
+        return;
     }
     out.finish();
     let (delta, toks) = out.take_ready(true);

@@ -92,6 +92,9 @@ pub struct SchedulerConfig {
     pub batch_tokens: usize,
     /// Keep finished sequences' caches for reuse.
     pub prefix_cache: bool,
+    /// A pause after every step: a test hook (`BATCH_FORGE_STEP_DELAY_MS`) that makes a
+    /// tiny model's generation last long enough to hang up on or queue behind.
+    pub step_delay: Duration,
 }
 
 impl SchedulerConfig {
@@ -173,6 +176,10 @@ impl<C> PrefixCache<C> {
         let hashes = block_hashes(&tokens);
         if hashes.is_empty() {
             return; // not one full block: nothing to reuse
+        }
+        // An entry that already covers these blocks makes the new one redundant.
+        if self.entries.iter().any(|e| e.hashes.len() >= hashes.len() && e.hashes[..hashes.len()] == hashes[..]) {
+            return;
         }
         // An entry whose full blocks the new one covers is redundant.
         self.entries.retain(|e| !(e.hashes.len() <= hashes.len() && e.hashes[..] == hashes[..e.hashes.len()]));
@@ -270,6 +277,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 self.submit(job);
             }
             self.step();
+            if !self.config.step_delay.is_zero() {
+                std::thread::sleep(self.config.step_delay);
+            }
+        }
+        // Jobs still in the channel get their answer too.
+        while let Ok(job) = jobs.try_recv() {
+            self.waiting.push_back(job);
         }
         self.shutdown("server is shutting down");
     }
@@ -401,11 +415,23 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// the tokens its cache holds.
     fn retire(&mut self, seq: Seq<B::KvCache>) {
         self.used_blocks -= seq.blocks;
-        if self.config.prefix_cache && seq.cached >= BLOCK_TOKENS {
-            let mut tokens = seq.tokens;
-            tokens.truncate(seq.cached);
-            self.prefix.insert(tokens, seq.cache, seq.blocks);
+        if !self.config.prefix_cache || seq.cached < BLOCK_TOKENS {
+            return;
         }
+        let mut tokens = seq.tokens;
+        tokens.truncate(seq.cached);
+        // Keep only the blocks the cached tokens fill: a right-sized copy when the
+        // sequence had reserved more (its max_tokens not all used).
+        let fit = blocks_for(seq.cached);
+        let mut kept = (seq.cache, seq.blocks);
+        if fit < kept.1
+            && let Ok(mut small) = self.model.new_cache(self.backend, fit * BLOCK_TOKENS)
+            && self.model.copy_cache_prefix(self.backend, &kept.0, &mut small, seq.cached).is_ok()
+        {
+            kept = (small, fit);
+        }
+        let (cache, blocks) = kept;
+        self.prefix.insert(tokens, cache, blocks);
     }
 
     fn drop_cancelled(&mut self) {

@@ -597,7 +597,8 @@ mod tests {
                 let mut all = vec![f32::NAN; big * n_out];
                 matmul_batch_invariant(isa, &x, big, &packed, epi, &mut all);
                 let mut plain_differs = false;
-                for (start, rows) in [(0, 1), (5, 1), (3, 2), (4, 3), (2, 4), (1, 5), (6, 7), (12, 1), (29, 1), (3, 24)] {
+                for (start, rows) in [(0, 1), (5, 1), (3, 2), (4, 3), (2, 4), (1, 5), (6, 7), (12, 1), (29, 1), (3, 24)]
+                {
                     let xs = &x[start * n_in..(start + rows) * n_in];
                     let mut out = vec![f32::NAN; rows * n_out];
                     matmul_batch_invariant(isa, xs, rows, &packed, epi, &mut out);
