@@ -149,6 +149,7 @@ impl BackendArgs {
         Ok(batch_forge::backend::gpu::GpuOptions {
             weight_dtype: cpu.weight_dtype,
             kv_f16: cpu.kv_f16,
+            batch_invariant: cpu.batch_invariant,
             ..Default::default()
         })
     }

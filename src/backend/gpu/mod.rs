@@ -45,6 +45,10 @@ pub struct GpuOptions {
     /// How long a read-back waits for the device before it gives up with an error
     /// (`None`: [`DEFAULT_POLL_TIMEOUT`], or `BATCH_FORGE_GPU_TIMEOUT_S` seconds).
     pub poll_timeout: Option<std::time::Duration>,
+    /// Batch invariance (what the server runs with): every linear layer takes the tiled
+    /// matmul kernel, whose per-output sum order does not depend on the number of rows,
+    /// never the few-row GEMV (attention and the row ops are per row already).
+    pub batch_invariant: bool,
 }
 
 /// A read-back waits this long for the device by default: far past any single step of
@@ -469,7 +473,7 @@ impl GpuBackend {
         let (matmul, gemv, _) = self.weight_kernels(w.dtype);
         let bias_b = self.bias_binding(bias);
         let flags = [u32::from(bias.is_some()), u32::from(gelu)];
-        if m <= GEMV_MAX_ROWS {
+        if m <= GEMV_MAX_ROWS && !self.opts.batch_invariant {
             for c in &w.chunks {
                 let params = [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
                 let bindings = [
