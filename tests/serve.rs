@@ -473,6 +473,12 @@ fn invalid_requests_are_clear_errors() {
     let (code, body) = s.get("/v1/nothing");
     assert_eq!(code, 404, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["code"], 404);
+    let (code, body) = s.get("/v1/completions");
+    assert_eq!(code, 405, "{body}");
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["code"], 405);
+    let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(3 << 20));
+    let (code, v) = s.post_raw("/v1/completions", &huge, None);
+    assert_eq!((code, v["error"]["code"].as_u64()), (413, Some(413)), "{v}");
     // Still serving.
     s.ok("/v1/completions", &json!({"prompt": "still here", "max_tokens": 2}));
     assert!(s.metric("forge_requests_rejected_total") >= 29.0);

@@ -13,6 +13,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -87,6 +88,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
     open.merge(guarded)
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(StatusCode::METHOD_NOT_ALLOWED, "this route does not take that method")
+        })
         .with_state(state)
 }
 
@@ -145,6 +149,11 @@ async fn models(State(state): State<Arc<AppState>>) -> ApiResult {
     .into_response())
 }
 
+/// The body, or the extractor's refusal (413 past the 2 MiB limit) as an OpenAI error.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| ApiError { status: r.status(), message: r.body_text(), param: Some("body") })
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad("body", format!("invalid JSON body: {e}")))
 }
@@ -158,7 +167,8 @@ struct TokenizeRequest {
     with_pieces: bool,
 }
 
-async fn tokenize(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult {
+async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body = body_bytes(body)?;
     let l = loaded(&state)?;
     let r: TokenizeRequest = parse(&body)?;
     let ids = if r.add_special {
@@ -188,7 +198,8 @@ struct DetokenizeRequest {
     tokens: Vec<i64>,
 }
 
-async fn detokenize(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult {
+async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let body = body_bytes(body)?;
     let l = loaded(&state)?;
     let r: DetokenizeRequest = parse(&body)?;
     let ids = check_ids(&r.tokens, l.tokenizer.vocab_size(), "tokens")?;
@@ -489,14 +500,20 @@ enum Api {
     Chat,
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult {
-    let result = completions_inner(&state, &body).await;
+async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let result = match body_bytes(body) {
+        Ok(body) => completions_inner(&state, &body).await,
+        Err(e) => Err(e),
+    };
     count_rejection(&state, &result);
     result
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult {
-    let result = chat_inner(&state, &body).await;
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
+    let result = match body_bytes(body) {
+        Ok(body) => chat_inner(&state, &body).await,
+        Err(e) => Err(e),
+    };
     count_rejection(&state, &result);
     result
 }
