@@ -576,6 +576,25 @@ fn api_key_queue_limit_and_small_routes() {
     let generated = s.metric("forge_generation_tokens_total") - gen_before;
     assert!(generated < 100.0, "the hung-up stream went on generating ({generated} tokens)");
     assert_eq!(s.post_raw("/v1/completions", &body, Some("sekrit")).0, 200);
+
+    // A non-streaming client that gives up: hyper drops the handler, which drops the
+    // request's receiver; the sequence ends long before its 120 tokens (2.4 s).
+    let gen_before = s.metric("forge_generation_tokens_total");
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(300)).build();
+    let r = agent
+        .post(&format!("{}/v1/completions", s.base))
+        .set("Authorization", "Bearer sekrit")
+        .send_string(&json!({"prompt": "a", "max_tokens": 120, "ignore_eos": true}).to_string());
+    assert!(matches!(r, Err(ureq::Error::Transport(_))), "the request should have timed out");
+    let t0 = Instant::now();
+    while s.metric("forge_requests_running") > 0.0
+        || s.metric("forge_kv_blocks_used") != s.metric("forge_kv_blocks_cached")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the abandoned request kept running");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let generated = s.metric("forge_generation_tokens_total") - gen_before;
+    assert!(generated < 100.0, "the abandoned request went on generating ({generated} tokens)");
 }
 
 /// SIGTERM with a stream in flight: the stream ends and the process exits cleanly.
