@@ -490,6 +490,9 @@ fn invalid_requests_are_clear_errors() {
     assert_eq!(code, 400, "{v}");
     assert_eq!(v["error"]["param"], "max_tokens");
     assert!(v["error"]["message"].as_str().unwrap().contains("pool"), "{v}");
+    // A prompt longer than the pool is the prompt's fault, whatever max_tokens is.
+    let (code, v) = s.post("/v1/completions", &json!({"prompt": vec![11; 70]}));
+    assert_eq!((code, v["error"]["param"].as_str()), (400, Some("prompt")), "{v}");
     s.ok("/v1/completions", &json!({"prompt": vec![11; 40], "max_tokens": 24}));
 }
 

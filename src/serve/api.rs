@@ -366,6 +366,17 @@ fn check_common(
             ),
         ));
     }
+    let pool_positions = l.scheduler.total_blocks() * BLOCK_TOKENS;
+    if prompt.len() > pool_positions {
+        return Err(ApiError::bad(
+            "prompt",
+            format!(
+                "the prompt is {} tokens but the server's KV pool holds {pool_positions} (-c {})",
+                prompt.len(),
+                l.scheduler.ctx_size
+            ),
+        ));
+    }
     let room = n_ctx - prompt.len();
     let max_tokens = match r.max_tokens.or(r.max_completion_tokens) {
         Some(m) if m < 1 => return Err(ApiError::bad("max_tokens", format!("max_tokens must be at least 1, got {m}"))),
@@ -890,10 +901,14 @@ async fn stream_task(
                 break;
             }
             Event::Failed(e) => {
-                let err = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e);
-                let _ = tx.send(sse(&err.body())).await;
+                let shutting_down = state.stop.load(Ordering::Relaxed);
+                let status =
+                    if shutting_down { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
+                let _ = tx.send(sse(&ApiError::status(status, e).body())).await;
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                state.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
+                if !shutting_down {
+                    state.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
+                }
                 return;
             }
         }

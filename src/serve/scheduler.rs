@@ -172,6 +172,19 @@ impl<C> PrefixCache<C> {
         best
     }
 
+    /// Whether an entry holds all of `hashes`' blocks; it counts as used now if so.
+    fn covers(&mut self, hashes: &[u64]) -> bool {
+        let clock = self.clock + 1;
+        match self.entries.iter_mut().find(|e| e.hashes.len() >= hashes.len() && e.hashes[..hashes.len()] == *hashes) {
+            Some(e) => {
+                self.clock = clock;
+                e.last_used = clock;
+                true
+            }
+            None => false,
+        }
+    }
+
     fn insert(&mut self, tokens: Vec<u32>, cache: C, blocks: usize) {
         let hashes = block_hashes(&tokens);
         if hashes.is_empty() {
@@ -420,6 +433,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let mut tokens = seq.tokens;
         tokens.truncate(seq.cached);
+        if self.prefix.covers(&block_hashes(&tokens)) {
+            return; // an entry already holds these blocks (and was just refreshed)
+        }
         // Keep only the blocks the cached tokens fill: a right-sized copy when the
         // sequence had reserved more (its max_tokens not all used).
         let fit = blocks_for(seq.cached);
