@@ -512,27 +512,34 @@ enum Api {
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let result = match body_bytes(body) {
-        Ok(body) => completions_inner(&state, &body).await,
-        Err(e) => Err(e),
-    };
-    count_rejection(&state, &result);
-    result
+    generation(state, body, Api::Completions).await
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let result = match body_bytes(body) {
-        Ok(body) => chat_inner(&state, &body).await,
-        Err(e) => Err(e),
-    };
-    count_rejection(&state, &result);
-    result
+    generation(state, body, Api::Chat).await
 }
 
-fn count_rejection(state: &AppState, result: &ApiResult) {
+/// Either endpoint, with refusals counted.
+async fn generation(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -> ApiResult {
+    let result = match (body_bytes(body), api) {
+        (Err(e), _) => Err(e),
+        (Ok(body), Api::Completions) => completions_inner(&state, &body).await,
+        (Ok(body), Api::Chat) => chat_inner(&state, &body).await,
+    };
     if result.is_err() {
         state.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
     }
+    result
+}
+
+/// A generation the scheduler failed: 503 when the server is shutting down, else 500.
+fn generation_failed(state: &AppState, message: String) -> ApiError {
+    let status = if state.stop.load(Ordering::Relaxed) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    ApiError::status(status, message)
 }
 
 async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
@@ -744,14 +751,7 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
                 finish = Some(reason);
                 break;
             }
-            Event::Failed(e) => {
-                let status = if state.stop.load(Ordering::Relaxed) {
-                    StatusCode::SERVICE_UNAVAILABLE
-                } else {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                };
-                return Err(ApiError::status(status, e));
-            }
+            Event::Failed(e) => return Err(generation_failed(&state, e)),
         }
     }
     drop(rx);
@@ -901,12 +901,10 @@ async fn stream_task(
                 break;
             }
             Event::Failed(e) => {
-                let shutting_down = state.stop.load(Ordering::Relaxed);
-                let status =
-                    if shutting_down { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::INTERNAL_SERVER_ERROR };
-                let _ = tx.send(sse(&ApiError::status(status, e).body())).await;
+                let err = generation_failed(&state, e);
+                let _ = tx.send(sse(&err.body())).await;
                 let _ = tx.send(Ok(SseEvent::default().data("[DONE]"))).await;
-                if !shutting_down {
+                if err.status != StatusCode::SERVICE_UNAVAILABLE {
                     state.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
                 }
                 return;

@@ -185,14 +185,11 @@ impl<C> PrefixCache<C> {
         }
     }
 
-    fn insert(&mut self, tokens: Vec<u32>, cache: C, blocks: usize) {
-        let hashes = block_hashes(&tokens);
+    /// Keep `cache`, which holds `tokens` (whose full blocks hash to `hashes`); the
+    /// caller has checked that no entry [`covers`](Self::covers) them already.
+    fn insert(&mut self, tokens: Vec<u32>, hashes: Vec<u64>, cache: C, blocks: usize) {
         if hashes.is_empty() {
             return; // not one full block: nothing to reuse
-        }
-        // An entry that already covers these blocks makes the new one redundant.
-        if self.entries.iter().any(|e| e.hashes.len() >= hashes.len() && e.hashes[..hashes.len()] == hashes[..]) {
-            return;
         }
         // An entry whose full blocks the new one covers is redundant.
         self.entries.retain(|e| !(e.hashes.len() <= hashes.len() && e.hashes[..] == hashes[..e.hashes.len()]));
@@ -433,7 +430,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let mut tokens = seq.tokens;
         tokens.truncate(seq.cached);
-        if self.prefix.covers(&block_hashes(&tokens)) {
+        let hashes = block_hashes(&tokens);
+        if self.prefix.covers(&hashes) {
             return; // an entry already holds these blocks (and was just refreshed)
         }
         // Keep only the blocks the cached tokens fill: a right-sized copy when the
@@ -447,7 +445,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             kept = (small, fit);
         }
         let (cache, blocks) = kept;
-        self.prefix.insert(tokens, cache, blocks);
+        self.prefix.insert(tokens, hashes, cache, blocks);
     }
 
     fn drop_cancelled(&mut self) {
@@ -591,11 +589,11 @@ mod tests {
         let mut p = PrefixCache { entries: Vec::new(), clock: 0 };
         let long: Vec<u32> = (0..48).collect();
         let short: Vec<u32> = (0..20).collect();
-        p.insert(short.clone(), "short", 2);
-        p.insert(long.clone(), "long", 3); // covers `short`'s one full block
+        p.insert(short.clone(), block_hashes(&short), "short", 2);
+        p.insert(long.clone(), block_hashes(&long), "long", 3); // covers `short`'s one full block
         assert_eq!(p.entries.len(), 1);
         let other: Vec<u32> = (100..140).collect();
-        p.insert(other.clone(), "other", 3);
+        p.insert(other.clone(), block_hashes(&other), "other", 3);
         let query: Vec<u32> = (0..40).chain([7, 7]).collect();
         let (i, n) = p.lookup(&query, &block_hashes(&query)).unwrap();
         assert_eq!((p.entries[i].cache, n), ("long", 32));
