@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
@@ -123,10 +123,25 @@ impl Server {
     }
 
     fn metric(&self, name: &str) -> f64 {
+        self.metrics()(name)
+    }
+
+    /// One `/metrics` answer, read by name: values from a single snapshot.
+    fn metrics(&self) -> impl Fn(&str) -> f64 {
         let text = self.metrics_text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
-            .unwrap_or_else(|| panic!("no metric {name}"))
+        move |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+                .unwrap_or_else(|| panic!("no metric {name}"))
+        }
+    }
+
+    /// Whether the scheduler is idle with every block free or cached, in one snapshot.
+    fn idle(&self) -> bool {
+        let m = self.metrics();
+        m("forge_requests_running") == 0.0
+            && m("forge_requests_waiting") == 0.0
+            && m("forge_kv_blocks_used") == m("forge_kv_blocks_cached")
     }
 }
 
@@ -479,6 +494,16 @@ fn invalid_requests_are_clear_errors() {
     let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(3 << 20));
     let (code, v) = s.post_raw("/v1/completions", &huge, None);
     assert_eq!((code, v["error"]["code"].as_u64()), (413, Some(413)), "{v}");
+    // A body declared far past the limit is refused before any of it is read.
+    let mut tcp = std::net::TcpStream::connect(s.base.trim_start_matches("http://")).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100000000000\r\n\r\n{",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     // Still serving.
     s.ok("/v1/completions", &json!({"prompt": "still here", "max_tokens": 2}));
     assert!(s.metric("forge_requests_rejected_total") >= 29.0);
@@ -562,13 +587,7 @@ fn api_key_queue_limit_and_small_routes() {
     drop(queued);
     drop(running);
     let t0 = Instant::now();
-    // The gauges are separate atomics published one after another: wait for all of
-    // them together rather than reading one and asserting on the next.
-    while s.metric("forge_requests_cancelled_total") < 2.0
-        || s.metric("forge_requests_running") > 0.0
-        || s.metric("forge_requests_waiting") > 0.0
-        || s.metric("forge_kv_blocks_used") != s.metric("forge_kv_blocks_cached")
-    {
+    while s.metric("forge_requests_cancelled_total") < 2.0 || !s.idle() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the streams were never cancelled, or their blocks never returned: {}\n{}",
@@ -592,9 +611,7 @@ fn api_key_queue_limit_and_small_routes() {
         .send_string(&json!({"prompt": "a", "max_tokens": 120, "ignore_eos": true}).to_string());
     assert!(matches!(r, Err(ureq::Error::Transport(_))), "the request should have timed out");
     let t0 = Instant::now();
-    while s.metric("forge_requests_running") > 0.0
-        || s.metric("forge_kv_blocks_used") != s.metric("forge_kv_blocks_cached")
-    {
+    while !s.idle() {
         assert!(t0.elapsed() < Duration::from_secs(10), "the abandoned request kept running");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -870,11 +887,15 @@ fn soak() {
     let secs = t0.elapsed().as_secs_f64();
     // Every sequence ends; every block not cached is free again.
     let t1 = Instant::now();
-    while s.metric("forge_requests_running") + s.metric("forge_requests_waiting") > 0.0 {
+    let m = loop {
+        let m = s.metrics();
+        if m("forge_requests_running") + m("forge_requests_waiting") == 0.0 {
+            break m;
+        }
         assert!(t1.elapsed() < Duration::from_secs(30), "sequences left running");
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let (used, cached) = (s.metric("forge_kv_blocks_used"), s.metric("forge_kv_blocks_cached"));
+    };
+    let (used, cached) = (m("forge_kv_blocks_used"), m("forge_kv_blocks_cached"));
     let rss_end = rss_kb(pid);
     use std::sync::atomic::Ordering::Relaxed;
     let (d, c, r, w) = (done.load(Relaxed), cancelled.load(Relaxed), refused.load(Relaxed), wrong.load(Relaxed));

@@ -12,8 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -23,6 +22,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::scheduler::{BLOCK_TOKENS, Event, Finish, Job, blocks_for, positions_for};
@@ -149,9 +149,52 @@ async fn models(State(state): State<Arc<AppState>>) -> ApiResult {
     .into_response())
 }
 
-/// The body, or the extractor's refusal (413 past the 2 MiB limit) as an OpenAI error.
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|r| ApiError { status: r.status(), message: r.body_text(), param: Some("body") })
+/// Request bodies past this many bytes are refused with 413.
+const MAX_BODY: usize = 2 << 20;
+/// How much of a refused body is still read (and dropped) before the 413 is sent, so a
+/// client that is still sending reads the answer instead of a broken pipe (nginx's
+/// "lingering close"). A body declared larger than this is refused without reading.
+const DRAIN_LIMIT: usize = 64 << 20;
+/// The whole body must arrive within this.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("the request body is over the limit of {MAX_BODY} bytes"),
+        param: Some("body"),
+    }
+}
+
+/// The request body, up to [`MAX_BODY`] bytes; 413 past it, 408 when it is too slow.
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::new();
+        let mut total = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad("body", format!("reading the request body: {e}")))?;
+            total = total.saturating_add(chunk.len());
+            if total <= MAX_BODY {
+                buf.extend_from_slice(&chunk);
+            } else if total > DRAIN_LIMIT {
+                break;
+            }
+        }
+        if total > MAX_BODY { Err(too_large()) } else { Ok(Bytes::from(buf)) }
+    };
+    tokio::time::timeout(BODY_TIMEOUT, read)
+        .await
+        .unwrap_or_else(|_| Err(ApiError::status(StatusCode::REQUEST_TIMEOUT, "the request body came too slowly")))
+}
+
+/// The body of `req`, refused at once when its declared length is past [`DRAIN_LIMIT`].
+async fn body_of(req: Request) -> Result<Bytes, ApiError> {
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
+        return Err(too_large());
+    }
+    read_body(req.into_body()).await
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -167,8 +210,8 @@ struct TokenizeRequest {
     with_pieces: bool,
 }
 
-async fn tokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let body = body_bytes(body)?;
+async fn tokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let body = body_of(req).await?;
     let l = loaded(&state)?;
     let r: TokenizeRequest = parse(&body)?;
     let ids = if r.add_special {
@@ -198,8 +241,8 @@ struct DetokenizeRequest {
     tokens: Vec<i64>,
 }
 
-async fn detokenize(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    let body = body_bytes(body)?;
+async fn detokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    let body = body_of(req).await?;
     let l = loaded(&state)?;
     let r: DetokenizeRequest = parse(&body)?;
     let ids = check_ids(&r.tokens, l.tokenizer.vocab_size(), "tokens")?;
@@ -511,17 +554,17 @@ enum Api {
     Chat,
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    generation(state, body, Api::Completions).await
+async fn completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    generation(state, req, Api::Completions).await
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> ApiResult {
-    generation(state, body, Api::Chat).await
+async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
+    generation(state, req, Api::Chat).await
 }
 
 /// Either endpoint, with refusals counted.
-async fn generation(state: Arc<AppState>, body: Result<Bytes, BytesRejection>, api: Api) -> ApiResult {
-    let result = match (body_bytes(body), api) {
+async fn generation(state: Arc<AppState>, req: Request, api: Api) -> ApiResult {
+    let result = match (body_of(req).await, api) {
         (Err(e), _) => Err(e),
         (Ok(body), Api::Completions) => completions_inner(&state, &body).await,
         (Ok(body), Api::Chat) => chat_inner(&state, &body).await,

@@ -45,17 +45,28 @@ impl Histogram {
     }
 }
 
+/// The scheduler's state after a step, published as one snapshot so that `/metrics`
+/// never shows one gauge from before a step beside another from after it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// Sequences being decoded or prefilled.
+    pub running: u64,
+    /// Requests waiting for a slot or KV blocks.
+    pub waiting: u64,
+    /// KV blocks held, by running sequences and the prefix cache together.
+    pub kv_blocks_used: u64,
+    /// KV blocks held by the prefix cache.
+    pub kv_blocks_cached: u64,
+}
+
 /// Everything `/metrics` reports; written by the scheduler and the HTTP layer.
 pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
-    pub requests_running: AtomicU64,
-    pub requests_waiting: AtomicU64,
+    pub gauges: Mutex<Gauges>,
     pub requests_ok: AtomicU64,
     pub requests_rejected: AtomicU64,
     pub requests_cancelled: AtomicU64,
-    pub kv_blocks_used: AtomicU64,
-    pub kv_blocks_cached: AtomicU64,
     pub kv_blocks_total: AtomicU64,
     pub prefix_cache_hits: AtomicU64,
     pub prefix_cache_hit_tokens: AtomicU64,
@@ -76,13 +87,10 @@ impl Default for Metrics {
         Metrics {
             prompt_tokens: AtomicU64::new(0),
             generation_tokens: AtomicU64::new(0),
-            requests_running: AtomicU64::new(0),
-            requests_waiting: AtomicU64::new(0),
+            gauges: Mutex::new(Gauges::default()),
             requests_ok: AtomicU64::new(0),
             requests_rejected: AtomicU64::new(0),
             requests_cancelled: AtomicU64::new(0),
-            kv_blocks_used: AtomicU64::new(0),
-            kv_blocks_cached: AtomicU64::new(0),
             kv_blocks_total: AtomicU64::new(0),
             prefix_cache_hits: AtomicU64::new(0),
             prefix_cache_hit_tokens: AtomicU64::new(0),
@@ -96,24 +104,34 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub fn publish(&self, g: Gauges) {
+        *self.gauges.lock().unwrap_or_else(|e| e.into_inner()) = g;
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        *self.gauges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let g = self.gauges();
+        let (running, waiting, used, cached) = (
+            AtomicU64::new(g.running),
+            AtomicU64::new(g.waiting),
+            AtomicU64::new(g.kv_blocks_used),
+            AtomicU64::new(g.kv_blocks_cached),
+        );
         let counters: [(&str, &str, &str, &AtomicU64); 14] = [
             ("forge_prompt_tokens_total", "counter", "Prompt tokens admitted.", &self.prompt_tokens),
             ("forge_generation_tokens_total", "counter", "Tokens generated.", &self.generation_tokens),
-            ("forge_requests_running", "gauge", "Sequences being decoded or prefilled.", &self.requests_running),
-            ("forge_requests_waiting", "gauge", "Requests waiting for a slot or KV blocks.", &self.requests_waiting),
+            ("forge_requests_running", "gauge", "Sequences being decoded or prefilled.", &running),
+            ("forge_requests_waiting", "gauge", "Requests waiting for a slot or KV blocks.", &waiting),
             ("forge_requests_success_total", "counter", "Requests answered in full.", &self.requests_ok),
             ("forge_requests_rejected_total", "counter", "Requests answered with an error.", &self.requests_rejected),
             ("forge_requests_cancelled_total", "counter", "Requests whose client went away.", &self.requests_cancelled),
-            (
-                "forge_kv_blocks_used",
-                "gauge",
-                "KV blocks held (running sequences and the prefix cache).",
-                &self.kv_blocks_used,
-            ),
-            ("forge_kv_blocks_cached", "gauge", "KV blocks held by the prefix cache.", &self.kv_blocks_cached),
+            ("forge_kv_blocks_used", "gauge", "KV blocks held (running sequences and the prefix cache).", &used),
+            ("forge_kv_blocks_cached", "gauge", "KV blocks held by the prefix cache.", &cached),
             ("forge_kv_blocks_total", "gauge", "KV blocks in the pool.", &self.kv_blocks_total),
             (
                 "forge_prefix_cache_hits_total",

@@ -29,7 +29,7 @@ use crate::engine::logprobs::token_logprobs;
 use crate::engine::{Sampler, SamplingParams, TokenLogprobs};
 use crate::model::{Batch, CausalLm, LogitRows};
 
-use super::metrics::Metrics;
+use super::metrics::{Gauges, Metrics};
 
 /// Positions per KV block: the unit of the pool and of prefix-cache matching.
 pub const BLOCK_TOKENS: usize = 16;
@@ -531,11 +531,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     fn publish(&self) {
-        let m = &self.metrics;
-        m.requests_running.store(self.running.len() as u64, Ordering::Relaxed);
-        m.requests_waiting.store(self.waiting.len() as u64, Ordering::Relaxed);
-        m.kv_blocks_used.store((self.used_blocks + self.prefix.blocks()) as u64, Ordering::Relaxed);
-        m.kv_blocks_cached.store(self.prefix.blocks() as u64, Ordering::Relaxed);
+        self.metrics.publish(Gauges {
+            running: self.running.len() as u64,
+            waiting: self.waiting.len() as u64,
+            kv_blocks_used: (self.used_blocks + self.prefix.blocks()) as u64,
+            kv_blocks_cached: self.prefix.blocks() as u64,
+        });
     }
 }
 
