@@ -567,6 +567,48 @@ fn quantized_linear_matches_block_arithmetic() {
     }
 }
 
+/// The quantized kernels follow one order of arithmetic (see `qmatmul`'s module doc): the
+/// AVX2 kernels equal the portable path bit for bit, and each activation row's outputs are
+/// the same bits whether it is multiplied alone (decode) or among others (prefill, chunks
+/// of four and remainders): what the server's batch invariance rests on.
+#[test]
+fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
+    use batch_forge::loaders::gguf::GgmlType;
+    let Some(avx2) = avx2_or_skip() else { return };
+    let mut rng = Rng::new(5);
+    let backend =
+        |isa| CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
+    let (fast, portable) = (backend(avx2), backend(Isa::PORTABLE));
+    let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
+        for (n_out, n_in, t, scale) in [(7, 256, 7, 1.0), (13, 512, 6, 1e3), (4, 768, 9, 1e-3), (33, 256, 1, 10.0)] {
+            let bytes = if ty == GgmlType::Q4K {
+                let mut b: Vec<u8> = (0..n_out * n_in / 256 * 144).map(|_| rng.next_u64() as u8).collect();
+                for blk in b.chunks_mut(144) {
+                    let d = half::f16::from_f32((rng.next_f64() as f32 + 0.05) * 0.002);
+                    blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
+                    blk[2..4].copy_from_slice(&d.to_bits().to_le_bytes());
+                }
+                b
+            } else {
+                random_blocks(&mut rng, ty, n_out, n_in)
+            };
+            let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+            let run = |b: &CpuBackend, x: &HostMatrix| {
+                let w = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
+                b.read(&b.linear(&b.upload(x), &w, None)).unwrap()
+            };
+            let (got_fast, got_portable) = (run(&fast, &x), run(&portable, &x));
+            assert!(got_fast.data.iter().all(|v| v.is_finite()), "{ty:?}: non-finite outputs");
+            assert_eq!(bits(&got_fast), bits(&got_portable), "{ty:?} {n_out}x{n_in} T={t}: avx2 vs portable");
+            for r in 0..t {
+                let alone = run(&fast, &host(1, n_in, x.row(r).to_vec()));
+                assert_eq!(bits(&alone), bits(&host(1, n_out, got_fast.row(r).to_vec())), "{ty:?} row {r} alone");
+            }
+        }
+    }
+}
+
 /// Q4_K weights run on the Q4_1 kernel as sub-blocks `(d·scale)·q − dmin·min`: against an
 /// f64 evaluation from the raw Q4_K bytes (6-bit scales and mins unpacked here, separately
 /// from the loader), both ISAs, 1–3 super-blocks per row, partial row groups, prefill and

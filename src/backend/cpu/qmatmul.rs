@@ -18,8 +18,17 @@
 //! about 1% relative error per layer against a dequantized f32 run (`--dtype f32` takes
 //! that path, through [`super::PackedMatrix`]).
 //!
-//! Kernels: AVX2 (`maddubs`/`madd` on 32 bytes per block, four activation rows per weight
-//! load in prefill) and a portable scalar path with the same integer arithmetic.
+//! **One order of arithmetic everywhere.** Each output is, block by block in order,
+//! `acc = fma(d_w · d_x, Σ w·q, acc)` with the block's integer sum complete first (Q4_0's
+//! `Σ (n − 8)·q` as `Σ n·q − 8·Σq`), plus for Q4_1 `off = fma(m_w, s_x, off)`, and finally
+//! `acc + off`. The AVX2 kernels and the portable path follow it exactly, so they agree bit
+//! for bit, and a row's result never depends on how many rows are multiplied with it
+//! (decode and prefill, alone or batched: the server's batch invariance).
+//!
+//! Kernels: AVX2 over a group of four interleaved weight rows at a time: Q4 nibbles of two
+//! rows in one register (`maddubs` on 16 + 16 bytes), Q8_0 with `sign`/`maddubs`, the four
+//! rows' integer sums gathered by `hadd` into one 4-lane vector, scaled by one FMA per
+//! block; in prefill each decoded weight group meets four activation rows.
 
 use half::f16;
 use rayon::prelude::*;
@@ -104,11 +113,12 @@ struct RowRef<'a> {
 }
 
 impl<'a> RowRef<'a> {
-    /// Block `b`: its quants and its scales.
-    fn block(&self, b: usize) -> (&'a [u8], &'a [f32]) {
+    /// Block `b`: its quants, its scale `d` and its offset `m` (0 but for Q4_1).
+    fn block(&self, b: usize) -> (&'a [u8], f32, f32) {
         let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
         let i = b * GROUP + self.r;
-        (&self.qs[i * qb..(i + 1) * qb], &self.dm[i * ns..(i + 1) * ns])
+        let m = if ns == 2 { self.dm[b * GROUP * ns + GROUP + self.r] } else { 0.0 };
+        (&self.qs[i * qb..(i + 1) * qb], self.dm[b * GROUP * ns + self.r], m)
     }
 }
 
@@ -127,7 +137,7 @@ impl QMatrix {
         Ok(Self::from_blocks(ty, n_out, n_in, |j, b, q, dm| {
             let blk = &bytes[j * row_bytes + b * ty.block_bytes()..][..ty.block_bytes()];
             q.copy_from_slice(&blk[header..]);
-            for (i, v) in dm.iter_mut().enumerate() {
+            for (i, v) in dm.iter_mut().take(ty.scales()).enumerate() {
                 *v = f16_at(blk, 2 * i);
             }
         }))
@@ -163,9 +173,15 @@ impl QMatrix {
         }))
     }
 
-    /// The group-interleaved layout, each block's quants and scales written by
-    /// `fill(row, block, quants, scales)`.
-    fn from_blocks(ty: QType, n_out: usize, n_in: usize, fill: impl Fn(usize, usize, &mut [u8], &mut [f32])) -> Self {
+    /// The group-interleaved layout, each block's quants and `[d, m]` written by
+    /// `fill(row, block, quants, scales)`. Per block of a group the quants of its four rows
+    /// follow each other, then their scales: `d0 d1 d2 d3` (and `m0 m1 m2 m3` for Q4_1).
+    fn from_blocks(
+        ty: QType,
+        n_out: usize,
+        n_in: usize,
+        fill: impl Fn(usize, usize, &mut [u8], &mut [f32; 2]),
+    ) -> Self {
         let nb = n_in / QK;
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
         let n_slots = n_out.div_ceil(GROUP) * GROUP * nb;
@@ -174,8 +190,13 @@ impl QMatrix {
         for j in 0..n_out {
             let (g, r) = (j / GROUP, j % GROUP);
             for b in 0..nb {
-                let slot = (g * nb + b) * GROUP + r;
-                fill(j, b, &mut qs[slot * qb..(slot + 1) * qb], &mut dm[slot * ns..(slot + 1) * ns]);
+                let gb = g * nb + b;
+                let slot = gb * GROUP + r;
+                let mut sc = [0f32; 2];
+                fill(j, b, &mut qs[slot * qb..(slot + 1) * qb], &mut sc);
+                for (k, v) in sc.into_iter().take(ns).enumerate() {
+                    dm[gb * GROUP * ns + k * GROUP + r] = v;
+                }
             }
         }
         QMatrix { ty, n_in, n_out, qs, dm }
@@ -206,8 +227,7 @@ impl QMatrix {
     pub fn dequantize_row(&self, j: usize, out: &mut [f32]) {
         let row = self.row(j);
         for (b, vals) in out.chunks_exact_mut(QK).enumerate() {
-            let (q, sc) = row.block(b);
-            let d = sc[0];
+            let (q, d, m) = row.block(b);
             match self.ty {
                 QType::Q8_0 => {
                     for (v, &q) in vals.iter_mut().zip(q) {
@@ -221,7 +241,6 @@ impl QMatrix {
                     }
                 }
                 QType::Q4_1 => {
-                    let m = sc[1];
                     for i in 0..16 {
                         vals[i] = d * (q[i] & 0x0F) as f32 + m;
                         vals[i + 16] = d * (q[i] >> 4) as f32 + m;
@@ -253,6 +272,8 @@ pub struct Q8Rows {
     pub d: Vec<f32>,
     /// Per block: `d · Σq` (f16-rounded), for Q4_1's offset term.
     pub s: Vec<f32>,
+    /// Per block: `Σq`, exact, for Q4_0's `Σ (n − 8)·q = Σ n·q − 8·Σq`.
+    pub sum: Vec<i32>,
     pub q: Vec<i8>,
 }
 
@@ -273,9 +294,10 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     out.blocks_per_row = nb;
     out.d.resize(rows * nb, 0.0);
     out.s.resize(rows * nb, 0.0);
+    out.sum.resize(rows * nb, 0);
     out.q.resize(rows * n, 0);
-    type Block<'a> = ((&'a [f32], &'a mut [i8]), (&'a mut f32, &'a mut f32));
-    let one = |((xb, qb), (d, s)): Block| {
+    type Block<'a> = ((&'a [f32], &'a mut [i8]), ((&'a mut f32, &'a mut f32), &'a mut i32));
+    let one = |((xb, qb), ((d, s), total)): Block| {
         // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
         // too and the engine's non-finite check sees it (f32::max would skip a NaN).
         let amax = xb.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
@@ -288,78 +310,75 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
         }
         *d = f16::from_f32(dv).to_f32();
         *s = f16::from_f32(dv * sum as f32).to_f32();
+        *total = sum;
     };
-    let items =
-        x[..rows * n].chunks_exact(QK).zip(out.q.chunks_exact_mut(QK)).zip(out.d.iter_mut().zip(out.s.iter_mut()));
+    let items = x[..rows * n]
+        .chunks_exact(QK)
+        .zip(out.q.chunks_exact_mut(QK))
+        .zip(out.d.iter_mut().zip(out.s.iter_mut()).zip(out.sum.iter_mut()));
     if rows > 4 {
         x[..rows * n]
             .par_chunks_exact(QK)
             .zip(out.q.par_chunks_exact_mut(QK))
-            .zip(out.d.par_iter_mut().zip(out.s.par_iter_mut()))
+            .zip(out.d.par_iter_mut().zip(out.s.par_iter_mut()).zip(out.sum.par_iter_mut()))
             .for_each(one);
     } else {
         items.for_each(one);
     }
 }
 
-/// Output rows per parallel task (a multiple of [`GROUP`]).
+/// Output rows per parallel task in prefill (a multiple of [`GROUP`]).
 const ROWS_PER_TASK: usize = 16;
+
+/// Activation rows per prefill kernel call: each decoded weight group meets this many.
+const TOKENS: usize = 4;
 
 /// `out[t][j] = Σ_k W[j][k] · x[t][k]` for `t < xq rows`, `j < n_out`: (T, n_out).
 pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32]) {
     let n_out = w.n_out;
+    let nb = w.blocks_per_row();
     assert_eq!(xq.blocks_per_row * QK, w.n_in, "qmatmul: activation width");
     assert!(out.len() == t_rows * n_out && xq.q.len() >= t_rows * w.n_in, "qmatmul: output or activation rows");
+    assert!(xq.d.len().min(xq.s.len()).min(xq.sum.len()) >= t_rows * nb, "qmatmul: activation scales");
     // Tasks own output columns (rows of W), so a task writes the strided columns of `out`
     // for every token through a raw pointer.
     let out_ptr = OutPtr(out.as_mut_ptr());
+    let n_groups = n_out.div_ceil(GROUP);
+    // Group g against activation rows t..t + n, written to the output.
+    let group_rows = |g: usize, t: usize, n: usize| {
+        let mut sums = [[0f32; GROUP]; TOKENS];
+        group_dot(isa, w, g, xq, t, n, &mut sums);
+        for (i, row) in sums[..n].iter().enumerate() {
+            for (r, &v) in row.iter().enumerate().take(n_out - g * GROUP) {
+                // SAFETY: (t + i, 4g + r) is inside the (t_rows, n_out) output, and group g's
+                // columns belong to the caller's part or task alone.
+                unsafe { out_ptr.write((t + i) * n_out + g * GROUP + r, v) };
+            }
+        }
+    };
     if t_rows == 1 {
         // Decode: contiguous runs of row groups per thread, on the spinning team.
-        let n_groups = n_out.div_ceil(GROUP);
         let threads = rayon::current_num_threads();
         let part = |p: usize| {
-            let mut sums = [0f32; 4];
             for g in n_groups * p / threads..n_groups * (p + 1) / threads {
-                gemv4(isa, w, g, xq, &mut sums);
-                for (i, &v) in sums.iter().enumerate().take(n_out - g * GROUP) {
-                    // SAFETY: (0, 4g + i) is inside the output; group g belongs to part p alone.
-                    unsafe { out_ptr.write(g * GROUP + i, v) };
-                }
+                group_rows(g, 0, 1);
             }
         };
         if n_groups >= threads && super::team::run(threads, &part) {
             return;
         }
     }
-    let n_tasks = n_out.div_ceil(ROWS_PER_TASK);
+    let groups_per_task = ROWS_PER_TASK / GROUP;
+    let n_tasks = n_groups.div_ceil(groups_per_task);
     let task = |task: usize| {
-        let j0 = task * ROWS_PER_TASK;
-        let j1 = (j0 + ROWS_PER_TASK).min(n_out);
-        let mut sums = [0f32; 4];
-        if t_rows == 1 {
-            // Whole groups (ROWS_PER_TASK is a multiple of GROUP); padded rows are dropped.
-            for g in j0 / GROUP..j1.div_ceil(GROUP) {
-                gemv4(isa, w, g, xq, &mut sums);
-                for (i, &v) in sums.iter().enumerate().take(n_out - g * GROUP) {
-                    // SAFETY: (0, 4g + i) is inside the output and belongs to this task.
-                    unsafe { out_ptr.write(g * GROUP + i, v) };
-                }
+        let groups = task * groups_per_task..((task + 1) * groups_per_task).min(n_groups);
+        let mut t = 0;
+        while t < t_rows {
+            let n = (t_rows - t).min(TOKENS);
+            for g in groups.clone() {
+                group_rows(g, t, n);
             }
-            return;
-        }
-        for j in j0..j1 {
-            let row = w.row(j);
-            let mut t = 0;
-            while t < t_rows {
-                let n = (t_rows - t).min(4);
-                dot_rows(isa, row, xq, t, n, &mut sums);
-                for (i, &v) in sums[..n].iter().enumerate() {
-                    // SAFETY: (t + i, j) is inside the (t_rows, n_out) output, and column j
-                    // belongs to this task alone.
-                    unsafe { out_ptr.write((t + i) * n_out + j, v) };
-                }
-                t += n;
-            }
+            t += n;
         }
     };
     if n_tasks > 1 && (t_rows > 1 || n_out * w.n_in >= 1 << 14) {
@@ -384,260 +403,185 @@ impl OutPtr {
     }
 }
 
-/// The four rows of group `g` against activation row 0 into `sums`.
-fn gemv4(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, sums: &mut [f32; 4]) {
+/// The four rows of group `g` against activation rows `t .. t + n` (1 ≤ n ≤ [`TOKENS`]):
+/// `sums[i][r]` = row `4g + r` · activation row `t + i`.
+fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, sums: &mut [[f32; GROUP]; TOKENS]) {
     let nb = xq.blocks_per_row;
-    assert!(nb * QK == w.n_in && xq.q.len() >= w.n_in && xq.d.len().min(xq.s.len()) >= nb);
+    let n_in = nb * QK;
+    assert!(nb * QK == w.n_in && (1..=TOKENS).contains(&n));
+    assert!((t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()).min(xq.sum.len()));
     let (qs, dm) = w.group(g);
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
-        let (x, d, s) = (xq.q.as_ptr(), xq.d.as_ptr(), xq.s.as_ptr());
+        let x = xq.q[t * n_in..].as_ptr();
+        let (d, s, sum) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr(), xq.sum[t * nb..].as_ptr());
         let (q, sc) = (qs.as_ptr(), dm.as_ptr());
-        // SAFETY: AVX2 detected (an AVX2 `Isa`); the group holds nb × 4 blocks (`group`
-        // slices them) and the activation row nb blocks (asserted above).
+        macro_rules! go {
+            ($ty:literal) => {
+                match n {
+                    1 => x86::group_dot::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
+                    2 => x86::group_dot::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
+                    3 => x86::group_dot::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
+                    _ => x86::group_dot::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
+                }
+            };
+        }
+        // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c; the group
+        // holds nb × 4 blocks (`group` slices them) and the asserts above keep activation
+        // rows t..t+n (nb blocks each, with their scales and sums) in bounds.
         unsafe {
             match w.ty {
-                QType::Q8_0 => x86::gemv4::<0>(q, sc, nb, x, d, s, sums),
-                QType::Q4_0 => x86::gemv4::<1>(q, sc, nb, x, d, s, sums),
-                QType::Q4_1 => x86::gemv4::<2>(q, sc, nb, x, d, s, sums),
+                QType::Q8_0 => go!(0),
+                QType::Q4_0 => go!(1),
+                QType::Q4_1 => go!(2),
             }
         }
         return;
     }
     let _ = isa;
-    for (r, sum) in sums.iter_mut().enumerate() {
-        let row = RowRef { ty: w.ty, qs, dm, r };
-        *sum = dot_scalar(row, &xq.q[..w.n_in], &xq.d[..nb], &xq.s[..nb]);
-    }
-}
-
-/// Dot products of one weight row with activation rows `t .. t + n` (n ≤ 4) into `sums`.
-fn dot_rows(isa: Isa, row: RowRef, xq: &Q8Rows, t: usize, n: usize, sums: &mut [f32; 4]) {
-    let nb = xq.blocks_per_row;
-    let n_in = nb * QK;
-    let ty = row.ty;
-    assert!((1..=4).contains(&n) && (t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()));
-    assert!(row.qs.len() >= nb * GROUP * ty.quant_bytes() && row.dm.len() >= nb * GROUP * ty.scales());
-    #[cfg(target_arch = "x86_64")]
-    if isa.is_avx2() {
-        let x = xq.q[t * n_in..].as_ptr();
-        let (d, s) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr());
-        // Pointers from the whole group (not block 0's slice), so reading every GROUP-th
-        // block stays inside the borrow they come from.
-        let (q, dm) = (row.qs[row.r * ty.quant_bytes()..].as_ptr(), row.dm[row.r * ty.scales()..].as_ptr());
-        // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c; the
-        // asserts above keep every block of the row (stride GROUP blocks from block 0)
-        // and of activation rows t..t+n in bounds.
-        unsafe {
-            match (ty, n) {
-                (QType::Q8_0, 1) => x86::dot_n::<0, 1>(q, dm, nb, x, d, s, sums),
-                (QType::Q8_0, 2) => x86::dot_n::<0, 2>(q, dm, nb, x, d, s, sums),
-                (QType::Q8_0, 3) => x86::dot_n::<0, 3>(q, dm, nb, x, d, s, sums),
-                (QType::Q8_0, _) => x86::dot_n::<0, 4>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_0, 1) => x86::dot_n::<1, 1>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_0, 2) => x86::dot_n::<1, 2>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_0, 3) => x86::dot_n::<1, 3>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_0, _) => x86::dot_n::<1, 4>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_1, 1) => x86::dot_n::<2, 1>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_1, 2) => x86::dot_n::<2, 2>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_1, 3) => x86::dot_n::<2, 3>(q, dm, nb, x, d, s, sums),
-                (QType::Q4_1, _) => x86::dot_n::<2, 4>(q, dm, nb, x, d, s, sums),
-            }
+    for (i, row_sums) in sums[..n].iter_mut().enumerate() {
+        let tr = t + i;
+        let (x, blocks) = (&xq.q[tr * n_in..(tr + 1) * n_in], tr * nb..(tr + 1) * nb);
+        for (r, sum) in row_sums.iter_mut().enumerate() {
+            let row = RowRef { ty: w.ty, qs, dm, r };
+            *sum = dot_scalar(row, x, &xq.d[blocks.clone()], &xq.s[blocks.clone()], &xq.sum[blocks.clone()]);
         }
-        return;
-    }
-    let _ = isa;
-    for (i, sum) in sums[..n].iter_mut().enumerate() {
-        let r = t + i;
-        *sum =
-            dot_scalar(row, &xq.q[r * n_in..(r + 1) * n_in], &xq.d[r * nb..(r + 1) * nb], &xq.s[r * nb..(r + 1) * nb]);
     }
 }
 
-/// The portable block dot: integer sums per block, f32 accumulation.
-fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32]) -> f32 {
-    let mut acc = 0f32;
-    for (b, ((xb, &dx), &sx)) in x.chunks_exact(QK).zip(d).zip(s).enumerate() {
-        let (q, sc) = row.block(b);
-        let dw = sc[0];
-        acc += match row.ty {
-            QType::Q8_0 => {
-                let isum: i32 = q.iter().zip(xb).map(|(&w, &v)| (w as i8) as i32 * v as i32).sum();
-                dw * dx * isum as f32
-            }
-            QType::Q4_0 => {
-                let mut isum = 0i32;
-                for i in 0..16 {
-                    isum += ((q[i] & 0x0F) as i32 - 8) * xb[i] as i32;
-                    isum += ((q[i] >> 4) as i32 - 8) * xb[i + 16] as i32;
-                }
-                dw * dx * isum as f32
-            }
-            QType::Q4_1 => {
+/// The portable block dot, in the order the module's doc gives: each block's exact integer
+/// sum, then `acc = fma(d_w · d_x, sum, acc)`; Q4_1's offsets apart, added last.
+fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32], sums: &[i32]) -> f32 {
+    let (mut acc, mut off) = (0f32, 0f32);
+    for (b, (((xb, &dx), &sx), &xsum)) in x.chunks_exact(QK).zip(d).zip(s).zip(sums).enumerate() {
+        let (q, dw, m) = row.block(b);
+        let isum: i32 = match row.ty {
+            QType::Q8_0 => q.iter().zip(xb).map(|(&w, &v)| (w as i8) as i32 * v as i32).sum(),
+            QType::Q4_0 | QType::Q4_1 => {
                 let mut isum = 0i32;
                 for i in 0..16 {
                     isum += (q[i] & 0x0F) as i32 * xb[i] as i32;
                     isum += (q[i] >> 4) as i32 * xb[i + 16] as i32;
                 }
-                dw * dx * isum as f32 + sc[1] * sx
+                if row.ty == QType::Q4_0 { isum - 8 * xsum } else { isum }
             }
         };
+        // |isum| ≤ 32 · 127 · 127 < 2²⁴: exact in f32.
+        acc = (dw * dx).mul_add(isum as f32, acc);
+        if row.ty == QType::Q4_1 {
+            off = m.mul_add(sx, off);
+        }
     }
-    acc
+    acc + off
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, QK, QType};
+    use super::{GROUP, QK, TOKENS};
 
-    /// How far past the current four rows `gemv4` prefetches (bytes).
+    /// How far ahead of the current block the weight stream is prefetched (bytes).
     const PF: usize = 1024;
 
-    /// The 32 weights of a block as bytes, from its quants `q`: i8 for Q8_0 and Q4_0
-    /// (nibble − 8), u8 nibbles for Q4_1.
-    /// # Safety
-    /// AVX2 is available and `q` points at a whole block's quants.
+    /// The four rows' integer sums from Q4 pair vectors (`[row a × 4 | row b × 4]` i32 lanes
+    /// each): `[r0, r1, r2, r3]`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weights(ty: QType, q: *const u8) -> __m256i {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match ty {
-                QType::Q8_0 => _mm256_loadu_si256(q as *const __m256i),
-                QType::Q4_0 | QType::Q4_1 => {
-                    let qs = _mm_loadu_si128(q as *const __m128i);
-                    let m4 = _mm_set1_epi8(0x0F);
-                    let lo = _mm_and_si128(qs, m4);
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(qs), m4);
-                    let w = _mm256_set_m128i(hi, lo);
-                    if ty == QType::Q4_0 { _mm256_sub_epi8(w, _mm256_set1_epi8(8)) } else { w }
-                }
-            }
-        }
+    fn gather_pairs(i01: __m256i, i23: __m256i) -> __m128i {
+        // [r0 r0 r2 r2 | r1 r1 r3 r3], then [r0 r2 r0 r2 | r1 r3 r1 r3].
+        let h = _mm256_hadd_epi32(i01, i23);
+        let h = _mm256_hadd_epi32(h, h);
+        _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
     }
 
-    /// Σ w·x over 32 bytes as 8 i32 lanes; `signed`: w is i8 (else u8).
+    /// The four rows' integer sums from per-row vectors of 8 i32 lanes: `[r0, r1, r2, r3]`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn idot(w: __m256i, aw: __m256i, x: __m256i, signed: bool) -> __m256i {
-        let p16 = if signed {
-            // |w| · (x with w's sign): maddubs wants its first operand unsigned.
-            _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w))
-        } else {
-            _mm256_maddubs_epi16(w, x)
-        };
-        _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+    fn gather_rows(i: [__m256i; 4]) -> __m128i {
+        // Low half [r0 r1 r2 r3] over lanes 0-3, high half over lanes 4-7.
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(i[0], i[1]), _mm256_hadd_epi32(i[2], i[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// One group of four interleaved rows (quants `qs`, scales `dm`, `nb` blocks each,
-    /// `[block][row]`) against one activation row: four independent accumulator chains,
-    /// one sequential weight stream, one activation load per block.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C are available; `qs`/`dm` cover `nb × 4` blocks, `x` nb × 32
-    /// values, `d` and `s` nb values.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn gemv4<const TY: u8>(
-        qs: *const u8,
-        dm: *const f32,
-        nb: usize,
-        x: *const i8,
-        d: *const f32,
-        s: *const f32,
-        out: &mut [f32; 4],
-    ) {
-        let ty = kind(TY);
-        let (qb, ns) = (ty.quant_bytes(), ty.scales());
-        let signed = TY != 2;
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut offs = [0f32; 4];
-        for b in 0..nb {
-            // SAFETY: block b of the group and of the activation row is in bounds; the
-            // prefetch address is only a hint (never dereferenced, computed with wrapping).
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(qs.wrapping_add((b * 4) * qb + PF) as *const i8);
-                let xv = _mm256_loadu_si256(x.add(b * QK) as *const __m256i);
-                let dx = _mm256_set1_ps(*d.add(b));
-                let sx = *s.add(b);
-                for r in 0..4 {
-                    let w = weights(ty, qs.add((b * 4 + r) * qb));
-                    let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
-                    let p = _mm256_cvtepi32_ps(idot(w, aw, xv, signed));
-                    let sc = dm.add((b * 4 + r) * ns);
-                    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&*sc), dx), p, acc[r]);
-                    if TY == 2 {
-                        offs[r] = (*sc.add(1)).mul_add(sx, offs[r]);
-                    }
-                }
-            }
-        }
-        for r in 0..4 {
-            out[r] = hsum(acc[r]) + offs[r];
-        }
-    }
-
-    fn kind(ty: u8) -> QType {
-        match ty {
-            0 => QType::Q8_0,
-            1 => QType::Q4_0,
-            _ => QType::Q4_1,
-        }
-    }
-
-    /// Dot products of one weight row (block 0's quants `qs` and scales `dm`, then every
-    /// [`super::GROUP`]-th block: the row's `nb` blocks of type `TY`: 0 = Q8_0, 1 = Q4_0,
-    /// 2 = Q4_1) with `N` consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`:
-    /// N × nb scales) into `sums[..N]`.
+    /// One group of four interleaved rows (quants `qs`, scales `dm`, `nb` blocks, laid out
+    /// as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
+    /// consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`, `sum`: N × nb) into
+    /// `out[..N]`. Each block's weights are decoded once for the N rows.
     ///
     /// # Safety
     /// AVX2, FMA and F16C are available and every pointer covers what is described above.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_n<const TY: u8, const N: usize>(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_dot<const TY: u8, const N: usize>(
         qs: *const u8,
         dm: *const f32,
         nb: usize,
         x: *const i8,
         d: *const f32,
         s: *const f32,
-        sums: &mut [f32; 4],
+        sum: *const i32,
+        out: &mut [[f32; GROUP]; TOKENS],
     ) {
-        let ty = kind(TY);
-        let (qb, ns) = (ty.quant_bytes(), ty.scales());
-        let signed = TY != 2;
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut offs = [0f32; N];
+        let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
         let row_stride = nb * QK;
+        let ones = _mm256_set1_epi16(1);
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm_setzero_ps(); N];
+        let mut off = [_mm_setzero_ps(); N];
         for b in 0..nb {
-            // SAFETY: block b of the weight row and of each activation row is in bounds
-            // (the caller's contract).
+            // SAFETY: block b of the group (4 × qb bytes of quants, 4 × ns scales) and of
+            // each activation row is in bounds (the caller's contract); the prefetch address
+            // is only a hint (never dereferenced, computed with wrapping).
             unsafe {
-                let w = weights(ty, qs.add(b * GROUP * qb));
-                let aw = if signed { _mm256_sign_epi8(w, w) } else { w };
-                let dw = _mm256_broadcast_ss(&*dm.add(b * GROUP * ns));
-                for i in 0..N {
-                    let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
-                    let p = _mm256_cvtepi32_ps(idot(w, aw, xv, signed));
-                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(i * nb + b)));
-                    acc[i] = _mm256_fmadd_ps(scale, p, acc[i]);
-                    if TY == 2 {
-                        offs[i] = (*dm.add(b * GROUP * ns + 1)).mul_add(*s.add(i * nb + b), offs[i]);
+                let qp = qs.add(b * GROUP * qb);
+                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
+                let scales = dm.add(b * GROUP * ns);
+                let dw = _mm_loadu_ps(scales);
+                if TY == 0 {
+                    let w: [__m256i; 4] = std::array::from_fn(|r| _mm256_loadu_si256(qp.add(r * 32) as *const __m256i));
+                    let aw: [__m256i; 4] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
+                    for i in 0..N {
+                        let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
+                        // |w| · (x with w's sign): maddubs wants its first operand unsigned.
+                        let dots: [__m256i; 4] = std::array::from_fn(|r| {
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, w[r])), ones)
+                        });
+                        let isum = gather_rows(dots);
+                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
+                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
+                    }
+                } else {
+                    // Two rows' 16 bytes per register: low nibbles are values 0-15 of each
+                    // row, high nibbles values 16-31.
+                    let v01 = _mm256_loadu_si256(qp as *const __m256i);
+                    let v23 = _mm256_loadu_si256(qp.add(32) as *const __m256i);
+                    let (lo01, hi01) = (_mm256_and_si256(v01, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v01), m4));
+                    let (lo23, hi23) = (_mm256_and_si256(v23, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v23), m4));
+                    let mw = if TY == 2 { _mm_loadu_ps(scales.add(GROUP)) } else { _mm_setzero_ps() };
+                    for i in 0..N {
+                        let xp = x.add(i * row_stride + b * QK);
+                        let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp as *const __m128i));
+                        let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp.add(16) as *const __m128i));
+                        // Nibble × i8 pairs stay within ±3810, two of them within i16.
+                        let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, xlo), _mm256_maddubs_epi16(hi01, xhi));
+                        let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, xlo), _mm256_maddubs_epi16(hi23, xhi));
+                        let mut isum = gather_pairs(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+                        if TY == 1 {
+                            isum = _mm_sub_epi32(isum, _mm_set1_epi32(8 * *sum.add(i * nb + b)));
+                        }
+                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
+                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
+                        if TY == 2 {
+                            off[i] = _mm_fmadd_ps(mw, _mm_set1_ps(*s.add(i * nb + b)), off[i]);
+                        }
                     }
                 }
             }
         }
         for i in 0..N {
-            sums[i] = hsum(acc[i]) + offs[i];
+            // SAFETY: out[i] is 4 f32s.
+            unsafe { _mm_storeu_ps(out[i].as_mut_ptr(), _mm_add_ps(acc[i], off[i])) };
         }
     }
 }
