@@ -512,7 +512,7 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA and F16C are available and every pointer covers what is described above.
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes acc, off and x
     pub(super) unsafe fn group_dot<const TY: u8, const N: usize>(
         qs: *const u8,
         dm: *const f32,
