@@ -581,8 +581,22 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
     let (fast, portable) = (backend(avx2), backend(Isa::PORTABLE));
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
-        for (n_out, n_in, t, scale) in [(7, 256, 7, 1.0), (13, 512, 6, 1e3), (4, 768, 9, 1e-3), (33, 256, 1, 10.0)] {
-            let bytes = if ty == GgmlType::Q4K {
+        // Shapes: partial groups of 3, 1, 2 rows; remainders of 1-3 rows past chunks of
+        // four; (70, 512, 9) runs prefill over several parallel tasks. The last case has
+        // every weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127).
+        for (case, (n_out, n_in, t, scale)) in [
+            (7, 256, 7, 1.0),
+            (13, 512, 6, 1e3),
+            (4, 768, 9, 1e-3),
+            (33, 256, 1, 10.0),
+            (70, 512, 9, 1.0),
+            (6, 256, 5, 1.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let extreme = case == 5;
+            let mut bytes = if ty == GgmlType::Q4K {
                 let mut b: Vec<u8> = (0..n_out * n_in / 256 * 144).map(|_| rng.next_u64() as u8).collect();
                 for blk in b.chunks_mut(144) {
                     let d = half::f16::from_f32((rng.next_f64() as f32 + 0.05) * 0.002);
@@ -593,7 +607,26 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
             } else {
                 random_blocks(&mut rng, ty, n_out, n_in)
             };
-            let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+            // Q8_0 weights of -128 (llama.cpp never writes them; other writers may).
+            let (bs, header) = match ty {
+                GgmlType::Q8_0 => (34, 2),
+                GgmlType::Q4_0 => (18, 2),
+                GgmlType::Q4_1 => (20, 4),
+                _ => (144, 16),
+            };
+            for blk in bytes.chunks_mut(bs) {
+                let quants = &mut blk[header..];
+                if extreme {
+                    quants.fill(if ty == GgmlType::Q8_0 { 0x80 } else { 0xFF });
+                } else if ty == GgmlType::Q8_0 {
+                    quants[rng.next_u64() as usize % 32] = 0x80;
+                }
+            }
+            let x = if extreme {
+                host(t, n_in, (0..t * n_in).map(|i| if (i * 7) % 3 == 0 { -scale } else { scale }).collect())
+            } else {
+                host(t, n_in, normal(&mut rng, t * n_in, scale))
+            };
             let run = |b: &CpuBackend, x: &HostMatrix| {
                 let w = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
                 b.read(&b.linear(&b.upload(x), &w, None)).unwrap()

@@ -166,12 +166,14 @@ fn too_large() -> ApiError {
     }
 }
 
-/// The request body, up to [`MAX_BODY`] bytes; 413 past it, 408 when it is too slow.
-async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+/// The request body, up to [`MAX_BODY`] bytes; 413 past it (also when it is too slow
+/// while being drained), 408 when a body within the limit is too slow.
+async fn read_body(body: Body, declared: Option<u64>) -> Result<Bytes, ApiError> {
+    let mut total = 0usize;
+    // Room for the declared length up front, so the buffer never doubles past the limit.
+    let mut buf = Vec::with_capacity(declared.map_or(0, |n| n.min(MAX_BODY as u64) as usize));
     let read = async {
         let mut stream = body.into_data_stream();
-        let mut buf = Vec::new();
-        let mut total = 0usize;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| ApiError::bad("body", format!("reading the request body: {e}")))?;
             total = total.saturating_add(chunk.len());
@@ -181,11 +183,17 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
                 break;
             }
         }
-        if total > MAX_BODY { Err(too_large()) } else { Ok(Bytes::from(buf)) }
+        Ok::<(), ApiError>(())
     };
-    tokio::time::timeout(BODY_TIMEOUT, read)
-        .await
-        .unwrap_or_else(|_| Err(ApiError::status(StatusCode::REQUEST_TIMEOUT, "the request body came too slowly")))
+    let done = tokio::time::timeout(BODY_TIMEOUT, read).await;
+    if total > MAX_BODY {
+        return Err(too_large());
+    }
+    match done {
+        Err(_) => Err(ApiError::status(StatusCode::REQUEST_TIMEOUT, "the request body came too slowly")),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Ok(Bytes::from(buf)),
+    }
 }
 
 /// The body of `req`, refused at once when its declared length is past [`DRAIN_LIMIT`].
@@ -194,7 +202,7 @@ async fn body_of(req: Request) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
         return Err(too_large());
     }
-    read_body(req.into_body()).await
+    read_body(req.into_body(), declared).await
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
