@@ -557,7 +557,7 @@ impl GgufFile {
         // model files are not rewritten in place, and the validated header keeps every
         // access in range of the length mapped here.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
-        Self::with_backing(path, Backing::Mapped(mmap))
+        Self::with_backing(path, Backing::Mapped(super::Mapping::new(mmap)))
     }
 
     /// A file image already in memory; `name` stands in for the path in messages.

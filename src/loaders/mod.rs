@@ -23,7 +23,7 @@ pub use weights::WeightStore;
 /// weights, tests, fuzzing). Readers validate a header against these bytes once and
 /// then index them freely.
 pub(crate) enum Backing {
-    Mapped(memmap2::Mmap),
+    Mapped(Mapping),
     Owned(Vec<u8>),
 }
 
@@ -31,10 +31,65 @@ impl std::ops::Deref for Backing {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped(m) => &m.0,
             Backing::Owned(v) => v,
         }
     }
+}
+
+/// Address ranges `(start, len)` of the live read-only file mappings below.
+static LIVE_MAPPINGS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// A read-only file mapping, known to [`release`] while it lives.
+pub(crate) struct Mapping(memmap2::Mmap);
+
+impl Mapping {
+    pub(crate) fn new(map: memmap2::Mmap) -> Self {
+        LIVE_MAPPINGS.lock().unwrap_or_else(|p| p.into_inner()).push((map.as_ptr() as usize, map.len()));
+        Mapping(map)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // Before the field's own drop unmaps it: `release` never sees an unmapped range.
+        let key = (self.0.as_ptr() as usize, self.0.len());
+        let mut live = LIVE_MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = live.iter().position(|&r| r == key) {
+            live.swap_remove(i);
+        }
+    }
+}
+
+/// Says that `bytes` have been copied where they are needed (a backend packed or
+/// re-blocked them) and will not be read again soon. Where they lie inside a live model
+/// file mapping, the whole pages among them leave this process's resident memory: a
+/// later read (a second load of the same tensor) faults them back in from the file, so
+/// nothing observable changes. Anything else (bytes in memory, other mappings) is left
+/// alone. This is what keeps loading's peak memory near the steady state: the mapped
+/// file and the packed copy are never both resident.
+pub fn release(bytes: &[u8]) {
+    #[cfg(unix)]
+    {
+        static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        // SAFETY: sysconf has no preconditions.
+        let page = *PAGE.get_or_init(|| usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
+        let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+        let (a, b) = (start.next_multiple_of(page.max(1)), end / page.max(1) * page.max(1));
+        if a >= b {
+            return;
+        }
+        let live = LIVE_MAPPINGS.lock().unwrap_or_else(|p| p.into_inner());
+        if live.iter().any(|&(s, len)| s <= start && end <= s + len) {
+            // SAFETY: [a, b) lies inside a live read-only file mapping made by this module
+            // (the lock keeps it from being unmapped meanwhile). MADV_DONTNEED on a file
+            // mapping that is never written only drops pages, which the next access reads
+            // back from the file; no memory is freed or changed from Rust's point of view.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED) };
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = bytes;
 }
 
 /// The default model: GPT-2 124M on the Hub.

@@ -268,7 +268,7 @@ impl SafetensorsFile {
         // blobs and renames), and a validated header means we never index out of range.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
         let header = parse_header(&mmap).map_err(err)?;
-        Ok(SafetensorsFile { path: path.to_owned(), mmap: Backing::Mapped(mmap), header })
+        Ok(SafetensorsFile { path: path.to_owned(), mmap: Backing::Mapped(super::Mapping::new(mmap)), header })
     }
 
     /// A file image already in memory; `name` stands in for the path in messages.

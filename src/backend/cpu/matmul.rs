@@ -44,30 +44,26 @@ pub struct PackedMatrix {
 impl PackedMatrix {
     /// Pack `get(k, j)` = W[k][j] (logical `[n_in, n_out]`) into panels of `dtype`.
     pub fn pack(n_in: usize, n_out: usize, dtype: WeightDtype, get: impl Fn(usize, usize) -> f32 + Sync) -> Self {
+        Self::pack_with(n_in, n_out, dtype, get, |_| {})
+    }
+
+    /// [`PackedMatrix::pack`], calling `done(columns)` after each run of output columns is
+    /// packed (in order, [`PACK_CHUNK`] panels at a time), so the caller can give back
+    /// the source of those columns while the rest is packed. Values go straight into the
+    /// storage type (no f32 copy of a 16-bit matrix).
+    pub fn pack_with(
+        n_in: usize,
+        n_out: usize,
+        dtype: WeightDtype,
+        get: impl Fn(usize, usize) -> f32 + Sync,
+        done: impl FnMut(std::ops::Range<usize>),
+    ) -> Self {
         let n_panels = n_out.div_ceil(NR);
-        let fill = |p: usize, panel: &mut [f32]| {
-            for k in 0..n_in {
-                for j in 0..NR {
-                    let col = p * NR + j;
-                    panel[k * NR + j] = if col < n_out { get(k, col) } else { 0.0 };
-                }
-            }
-        };
         let n = n_panels * n_in * NR;
-        let mut f = huge_page_vec(n, 0.0f32);
-        f.par_chunks_mut(n_in * NR).enumerate().for_each(|(p, panel)| fill(p, panel));
         let data = match dtype {
-            WeightDtype::F32 => PanelData::F32(f),
-            WeightDtype::F16 => {
-                let mut v = huge_page_vec(n, f16::ZERO);
-                v.par_iter_mut().zip(f.par_iter()).for_each(|(o, &x)| *o = f16::from_f32(x));
-                PanelData::F16(v)
-            }
-            WeightDtype::BF16 => {
-                let mut v = huge_page_vec(n, bf16::ZERO);
-                v.par_iter_mut().zip(f.par_iter()).for_each(|(o, &x)| *o = bf16::from_f32(x));
-                PanelData::BF16(v)
-            }
+            WeightDtype::F32 => PanelData::F32(fill_panels(n, n_in, n_out, 0.0, &get, |x| x, done)),
+            WeightDtype::F16 => PanelData::F16(fill_panels(n, n_in, n_out, f16::ZERO, &get, f16::from_f32, done)),
+            WeightDtype::BF16 => PanelData::BF16(fill_panels(n, n_in, n_out, bf16::ZERO, &get, bf16::from_f32, done)),
         };
         PackedMatrix { n_in, n_out, n_panels, data }
     }
@@ -94,6 +90,40 @@ impl PackedMatrix {
             PanelData::BF16(d) => out.iter_mut().enumerate().for_each(|(k, o)| *o = d[base + k * NR].to_f32()),
         }
     }
+}
+
+/// Panels packed per parallel round in [`PackedMatrix::pack_with`] (1024 columns).
+pub const PACK_CHUNK: usize = 64;
+
+/// `n` panel elements of `[n_panels][n_in][NR]`, element (k, col) = `conv(get(k, col))`,
+/// zero past `n_out`; `done` hears of each finished run of columns.
+fn fill_panels<T: Copy + Send + Sync>(
+    n: usize,
+    n_in: usize,
+    n_out: usize,
+    zero: T,
+    get: &(impl Fn(usize, usize) -> f32 + Sync),
+    conv: impl Fn(f32) -> T + Sync,
+    mut done: impl FnMut(std::ops::Range<usize>),
+) -> Vec<T> {
+    let mut v = huge_page_vec(n, zero);
+    let panel_len = n_in * NR;
+    if panel_len == 0 {
+        return v;
+    }
+    for (c, chunk) in v.chunks_mut(PACK_CHUNK * panel_len).enumerate() {
+        chunk.par_chunks_mut(panel_len).enumerate().for_each(|(i, panel)| {
+            let p = c * PACK_CHUNK + i;
+            for k in 0..n_in {
+                for j in 0..NR {
+                    let col = p * NR + j;
+                    panel[k * NR + j] = if col < n_out { conv(get(k, col)) } else { zero };
+                }
+            }
+        });
+        done(c * PACK_CHUNK * NR..((c + 1) * PACK_CHUNK * NR).min(n_out));
+    }
+    v
 }
 
 /// A vector of `n` copies of `value` whose pages the kernel is asked to back with

@@ -363,10 +363,42 @@ impl Backend for CpuBackend {
             (None, Dtype::BF16) => WeightDtype::BF16,
             (None, _) => WeightDtype::F32,
         };
-        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+        // Read in place (no f32 copy of the tensor), and give the file's pages back as they
+        // are packed: peak memory stays near the packed size.
+        let b = t.bytes;
+        let size = match t.dtype {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
+            other => bail!("tensor {:?} has dtype {}, expected F32, F16 or BF16", t.name, other.name()),
+        };
+        ensure!(
+            rows.checked_mul(cols).and_then(|n| n.checked_mul(size)) == Some(b.len()),
+            "tensor {:?}: {} bytes for shape {:?}",
+            t.name,
+            b.len(),
+            t.shape
+        );
+        let at = |i: usize| -> f32 {
+            match t.dtype {
+                Dtype::F32 => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+                Dtype::F16 => half::f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32(),
+                _ => half::bf16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])).to_f32(),
+            }
+        };
         Ok(CpuMatrix::Dense(match layout {
-            MatrixLayout::InOut => PackedMatrix::pack(rows, cols, dtype, |k, j| data[k * cols + j]),
-            MatrixLayout::OutIn => PackedMatrix::pack(cols, rows, dtype, |k, j| data[j * cols + k]),
+            MatrixLayout::InOut => {
+                // Each panel reads a column strip of every row: the source is done at the end.
+                let m = PackedMatrix::pack(rows, cols, dtype, |k, j| at(k * cols + j));
+                crate::loaders::release(b);
+                m
+            }
+            MatrixLayout::OutIn => PackedMatrix::pack_with(
+                cols,
+                rows,
+                dtype,
+                |k, j| at(j * cols + k),
+                |done| crate::loaders::release(&b[done.start * cols * size..done.end * cols * size]),
+            ),
         }))
     }
 
@@ -384,26 +416,33 @@ impl Backend for CpuBackend {
         bytes: &[u8],
     ) -> anyhow::Result<CpuMatrix> {
         match QType::from_ggml(ty) {
-            Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => Ok(CpuMatrix::Quant(
-                QMatrix::new(q, n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
-            )),
-            None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => Ok(CpuMatrix::Quant(
-                QMatrix::from_q4_k(n_out, n_in, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
-            )),
+            Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
+                let m = QMatrix::new_with(q, n_out, n_in, bytes, crate::loaders::release)
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                Ok(CpuMatrix::Quant(m))
+            }
+            None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => {
+                let m = QMatrix::from_q4_k_with(n_out, n_in, bytes, crate::loaders::release)
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                Ok(CpuMatrix::Quant(m))
+            }
             None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) && n_out > 0 => {
                 // Row by row, so no f32 copy of the whole matrix is ever held.
                 ensure!(bytes.len().is_multiple_of(n_out), "tensor {name:?}: {} bytes for {n_out} rows", bytes.len());
                 let row_bytes = bytes.len() / n_out;
                 let mut q8 = Vec::with_capacity(n_out * n_in / qmatmul::QK * 34);
-                for row in bytes.chunks_exact(row_bytes.max(1)) {
-                    let values =
-                        crate::quant::dequantize(ty, row).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-                    ensure!(
-                        values.len() == n_in,
-                        "tensor {name:?}: a row decodes to {} values, not {n_in}",
-                        values.len()
-                    );
-                    q8.extend(qmatmul::quantize_q8_0(&values));
+                for rows in bytes.chunks(row_bytes.max(1) * 256) {
+                    for row in rows.chunks_exact(row_bytes.max(1)) {
+                        let values =
+                            crate::quant::dequantize(ty, row).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                        ensure!(
+                            values.len() == n_in,
+                            "tensor {name:?}: a row decodes to {} values, not {n_in}",
+                            values.len()
+                        );
+                        q8.extend(qmatmul::quantize_q8_0(&values));
+                    }
+                    crate::loaders::release(rows);
                 }
                 Ok(CpuMatrix::Quant(
                     QMatrix::new(QType::Q8_0, n_out, n_in, &q8).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,

@@ -122,9 +122,24 @@ impl<'a> RowRef<'a> {
     }
 }
 
+/// Rows re-blocked between two calls of the loader's `done` in [`QMatrix::new_with`].
+const RELEASE_ROWS: usize = 512;
+
 impl QMatrix {
     /// `bytes` holds `n_out` rows of `n_in / 32` blocks of `ty`, as GGUF stores them.
     pub fn new(ty: QType, n_out: usize, n_in: usize, bytes: &[u8]) -> Result<Self, String> {
+        Self::new_with(ty, n_out, n_in, bytes, |_| {})
+    }
+
+    /// [`QMatrix::new`], calling `done(bytes)` with the source bytes of each run of rows
+    /// once they are re-blocked (so a loader can give them back while the rest is read).
+    pub fn new_with(
+        ty: QType,
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+        mut done: impl FnMut(&[u8]),
+    ) -> Result<Self, String> {
         if n_in == 0 || !n_in.is_multiple_of(QK) {
             return Err(format!("{}: rows of {n_in} values are not whole blocks of {QK}", ty.name()));
         }
@@ -134,13 +149,14 @@ impl QMatrix {
             return Err(format!("{}: {} bytes for {n_out} rows of {row_bytes}", ty.name(), bytes.len()));
         }
         let header = ty.block_bytes() - ty.quant_bytes();
-        Ok(Self::from_blocks(ty, n_out, n_in, |j, b, q, dm| {
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
             let blk = &bytes[j * row_bytes + b * ty.block_bytes()..][..ty.block_bytes()];
             q.copy_from_slice(&blk[header..]);
             for (i, v) in dm.iter_mut().take(ty.scales()).enumerate() {
                 *v = f16_at(blk, 2 * i);
             }
-        }))
+        };
+        Ok(Self::from_blocks(ty, n_out, n_in, fill, |rows| done(&bytes[rows.start * row_bytes..rows.end * row_bytes])))
     }
 
     /// GGUF Q4_K blocks held as Q4_1 blocks with f32 scales, losslessly: each sub-block of
@@ -149,6 +165,16 @@ impl QMatrix {
     /// repacked from Q4_K's sub-block pairs to Q4_1's halves. So Q4_K runs on the Q4_1
     /// kernel at 6 bits a weight (not re-quantized to Q8_0 at 9), and decodes bit-exactly.
     pub fn from_q4_k(n_out: usize, n_in: usize, bytes: &[u8]) -> Result<Self, String> {
+        Self::from_q4_k_with(n_out, n_in, bytes, |_| {})
+    }
+
+    /// [`QMatrix::from_q4_k`] with `done` as in [`QMatrix::new_with`].
+    pub fn from_q4_k_with(
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+        mut done: impl FnMut(&[u8]),
+    ) -> Result<Self, String> {
         const QK_K: usize = 256;
         const BLOCK: usize = 144;
         if n_in == 0 || !n_in.is_multiple_of(QK_K) {
@@ -158,7 +184,7 @@ impl QMatrix {
         if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
             return Err(format!("q4_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
         }
-        Ok(Self::from_blocks(QType::Q4_1, n_out, n_in, |j, b, q, dm| {
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
             // Sub-block b of the row: sub-block b % 8 of super-block b / 8.
             let blk = &bytes[j * row_bytes + b / 8 * BLOCK..][..BLOCK];
             let sub = b % 8;
@@ -170,17 +196,22 @@ impl QMatrix {
             for (i, byte) in q.iter_mut().enumerate() {
                 *byte = nib(i) | nib(i + 16) << 4;
             }
+        };
+        Ok(Self::from_blocks(QType::Q4_1, n_out, n_in, fill, |rows| {
+            done(&bytes[rows.start * row_bytes..rows.end * row_bytes])
         }))
     }
 
     /// The group-interleaved layout, each block's quants and `[d, m]` written by
     /// `fill(row, block, quants, scales)`. Per block of a group the quants of its four rows
     /// follow each other, then their scales: `d0 d1 d2 d3` (and `m0 m1 m2 m3` for Q4_1).
+    /// `done(rows)` hears of each run of [`RELEASE_ROWS`] rows once it is written.
     fn from_blocks(
         ty: QType,
         n_out: usize,
         n_in: usize,
         fill: impl Fn(usize, usize, &mut [u8], &mut [f32; 2]),
+        mut done: impl FnMut(std::ops::Range<usize>),
     ) -> Self {
         let nb = n_in / QK;
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
@@ -197,6 +228,9 @@ impl QMatrix {
                 for (k, v) in sc.into_iter().take(ns).enumerate() {
                     dm[gb * GROUP * ns + k * GROUP + r] = v;
                 }
+            }
+            if (j + 1).is_multiple_of(RELEASE_ROWS) || j + 1 == n_out {
+                done(j / RELEASE_ROWS * RELEASE_ROWS..j + 1);
             }
         }
         QMatrix { ty, n_in, n_out, qs, dm }
