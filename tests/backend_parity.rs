@@ -19,7 +19,7 @@
 
 mod common;
 
-use batch_forge::backend::cpu::simd::avx2_or_skip;
+use batch_forge::backend::cpu::simd::{avx2_or_skip, avx512_or_skip, avx512_vnni_or_skip, isas_or_skip};
 use common::{round_to, tensor, view};
 
 use batch_forge::backend::WeightDtype;
@@ -406,6 +406,15 @@ fn cpu_simd_bf16_weights() {
 }
 
 #[test]
+fn cpu_avx512_f32_f16_and_bf16() {
+    for isa in [avx512_or_skip(), avx512_vnni_or_skip()].into_iter().flatten() {
+        run(opts(isa, WeightDtype::F32, false));
+        run(opts(isa, WeightDtype::F16, true));
+        run(opts(isa, WeightDtype::BF16, false));
+    }
+}
+
+#[test]
 fn cpu_portable_f32_and_f16() {
     run(opts(Isa::PORTABLE, WeightDtype::F32, false));
     run(opts(Isa::PORTABLE, WeightDtype::F16, true));
@@ -484,7 +493,7 @@ fn quantized_linear_matches_block_arithmetic() {
     use batch_forge::loaders::gguf::GgmlType;
     let mut rng = Rng::new(77);
     let f16v = |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
-    for isa in [Some(Isa::PORTABLE), avx2_or_skip()].into_iter().flatten() {
+    for isa in isas_or_skip() {
         let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
             for (n_out, n_in, t, scale) in [
@@ -568,17 +577,20 @@ fn quantized_linear_matches_block_arithmetic() {
 }
 
 /// The quantized kernels follow one order of arithmetic (see `qmatmul`'s module doc): the
-/// AVX2 kernels equal the portable path bit for bit, and each activation row's outputs are
+/// AVX2 and AVX-512 VNNI kernels equal the portable path bit for bit, and each activation row's outputs are
 /// the same bits whether it is multiplied alone (decode) or among others (prefill, chunks
 /// of four and remainders): what the server's batch invariance rests on.
 #[test]
 fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
     use batch_forge::loaders::gguf::GgmlType;
-    let Some(avx2) = avx2_or_skip() else { return };
+    let fast_isas: Vec<Isa> = isas_or_skip().into_iter().filter(|&i| i != Isa::PORTABLE).collect();
+    if fast_isas.is_empty() {
+        return;
+    }
     let mut rng = Rng::new(5);
     let backend =
         |isa| CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
-    let (fast, portable) = (backend(avx2), backend(Isa::PORTABLE));
+    let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
         // Shapes: partial groups of 3, 1, 2 rows; remainders of 1-3 rows past chunks of
@@ -631,12 +643,18 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
                 let w = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
                 b.read(&b.linear(&b.upload(x), &w, None)).unwrap()
             };
-            let (got_fast, got_portable) = (run(&fast, &x), run(&portable, &x));
-            assert!(got_fast.data.iter().all(|v| v.is_finite()), "{ty:?}: non-finite outputs");
-            assert_eq!(bits(&got_fast), bits(&got_portable), "{ty:?} {n_out}x{n_in} T={t}: avx2 vs portable");
-            for r in 0..t {
-                let alone = run(&fast, &host(1, n_in, x.row(r).to_vec()));
-                assert_eq!(bits(&alone), bits(&host(1, n_out, got_fast.row(r).to_vec())), "{ty:?} row {r} alone");
+            let got_portable = run(&portable, &x);
+            for &isa in &fast_isas {
+                let fast = backend(isa);
+                let got_fast = run(&fast, &x);
+                let name = isa.name();
+                assert!(got_fast.data.iter().all(|v| v.is_finite()), "{ty:?} {name}: non-finite outputs");
+                assert_eq!(bits(&got_fast), bits(&got_portable), "{ty:?} {n_out}x{n_in} T={t}: {name} vs portable");
+                for r in 0..t {
+                    let alone = run(&fast, &host(1, n_in, x.row(r).to_vec()));
+                    let want = bits(&host(1, n_out, got_fast.row(r).to_vec()));
+                    assert_eq!(bits(&alone), want, "{ty:?} {name} row {r} alone");
+                }
             }
         }
     }
@@ -661,7 +679,7 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
         };
         (sc as f64, m as f64)
     };
-    for isa in [Some(Isa::PORTABLE), avx2_or_skip()].into_iter().flatten() {
+    for isa in isas_or_skip() {
         let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
         for (n_out, n_in, t, scale) in [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0)] {
             let mut bytes = vec![0u8; n_out * n_in / 256 * 144];

@@ -308,6 +308,7 @@ pub fn dequantized_matrix<B: Backend + ?Sized>(
     bytes: &[u8],
 ) -> anyhow::Result<B::Matrix> {
     let values = crate::quant::dequantize(ty, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+    crate::loaders::release(bytes);
     ensure!(
         Some(values.len()) == n_out.checked_mul(n_in),
         "tensor {name:?}: {} values decoded for a [{n_out}, {n_in}] matrix",

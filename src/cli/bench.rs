@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// the roofline for decoding, which streams every weight once per token.
     #[arg(long)]
     memory: bool,
+    /// Instead of a model, measure the FMA peak (GFLOP/s) of the CPU kernels' widest
+    /// vectors at each thread count: the roofline for prefill, which is compute-bound.
+    #[arg(long, conflicts_with = "memory")]
+    flops: bool,
     /// Output format, as llama-bench's `-o`: a markdown table, a JSON array, JSON lines or CSV.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Md)]
     output: OutputFormat,
@@ -104,10 +108,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
     super::check_threads(&args.threads)?;
     args.backend.validate("bench")?;
-    if args.memory {
-        anyhow::ensure!(args.output == OutputFormat::Md, "--memory prints a markdown table only; drop -o");
+    if args.memory || args.flops {
+        anyhow::ensure!(args.output == OutputFormat::Md, "--memory and --flops print a markdown table only; drop -o");
         super::warn_threads(&args.threads);
-        return bench_memory(&args);
+        return if args.flops { bench_flops(&args) } else { bench_memory(&args) };
     }
     anyhow::ensure!(
         !tests(&args).is_empty(),
@@ -363,6 +367,11 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
     let threads = if args.threads.is_empty() || on_gpu { vec![super::physical_cores()] } else { args.threads.clone() };
+    if backend.name() == "cpu" {
+        // The kernels this run measures, once every test has passed validation.
+        let isa = simd::Isa::detect();
+        eprintln!("{}", isa.describe(Some(isa.fma_peak(0.05))));
+    }
     let mut printer = Printer::begin(args.output)?;
     let mut rng = Rng::new(1);
     let vocab = model.info().vocab_size as u64;
@@ -414,6 +423,42 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
         }
     }
     printer.end()
+}
+
+/// Run the FMA probe on every thread at once (about 0.2 s a run); report the median of
+/// `-r` runs, for the whole team and per thread.
+fn bench_flops(args: &BenchArgs) -> anyhow::Result<()> {
+    let isa = simd::Isa::detect();
+    let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
+    // Calibrate the rounds per run on one thread.
+    let start = Instant::now();
+    let probe = 1 << 20;
+    std::hint::black_box(simd::fma_probe(isa, probe));
+    let iters = ((0.2 / start.elapsed().as_secs_f64().max(1e-6)) * probe as f64).clamp(1e5, 1e10) as usize;
+    super::outln!("| test | isa | threads | GFLOP/s (median) | GFLOP/s (best) | per thread |");
+    super::outln!("| --- | --- | ---: | ---: | ---: | ---: |");
+    for &t in &threads {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
+        let mut rates: Vec<f64> = (0..=args.repetitions)
+            .map(|_| {
+                let start = Instant::now();
+                // One probe on each of the pool's threads at once.
+                let flops: f64 = pool.broadcast(|_| simd::fma_probe(isa, iters)).iter().sum();
+                flops / start.elapsed().as_secs_f64() / 1e9
+            })
+            .skip(1)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        let median = rates[rates.len() / 2];
+        super::outln!(
+            "| fma f32 ({}-bit) | {} | {t} | {median:.1} | {:.1} | {:.1} |",
+            isa.vector_bits(),
+            isa.name(),
+            rates[rates.len() - 1],
+            median / t as f64
+        );
+    }
+    Ok(())
 }
 
 /// Read a 1 GiB buffer (huge pages) with all threads; report the median of `-r` runs.

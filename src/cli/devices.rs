@@ -1,6 +1,12 @@
-//! `forge devices`: the GPU adapters wgpu finds, with API, type, driver and limits.
+//! `forge devices`: the cpu kernels chosen for this CPU (ISA, vector width, FMA peak),
+//! then the GPU adapters wgpu finds, with API, type, driver and limits.
 
 pub fn run() -> anyhow::Result<()> {
+    {
+        // The cpu backend's kernels, and a 50 ms FMA probe for its peak.
+        let isa = batch_forge::backend::cpu::simd::Isa::detect();
+        super::outln!("{}", isa.describe(Some(isa.fma_peak(0.05))));
+    }
     #[cfg(feature = "gpu")]
     {
         use batch_forge::backend::gpu::device;

@@ -386,11 +386,19 @@ pub fn stored_dtype_at(path: &std::path::Path) -> anyhow::Result<batch_forge::lo
     use batch_forge::loaders::safetensors::Dtype;
     if batch_forge::model::load::is_gguf(path) {
         let file = GgufFile::open(path)?;
-        return Ok(widest_float(file.tensor_infos().iter().map(|t| match t.ggml_type {
-            GgmlType::F16 => Dtype::F16,
-            GgmlType::BF16 => Dtype::BF16,
-            _ => Dtype::F32,
-        })));
+        // The float type holding most matrix bytes: GGUF writers keep norms, biases and
+        // position embeddings in f32 whatever the weights are.
+        let mut bytes = [(Dtype::F32, 0u64), (Dtype::F16, 0), (Dtype::BF16, 0)];
+        for t in file.tensor_infos().iter().filter(|t| t.dims.len() >= 2) {
+            let i = match t.ggml_type {
+                GgmlType::F32 => 0,
+                GgmlType::F16 => 1,
+                GgmlType::BF16 => 2,
+                _ => continue,
+            };
+            bytes[i].1 = bytes[i].1.saturating_add(t.n_bytes);
+        }
+        return Ok(bytes.iter().rev().max_by_key(|(_, n)| *n).map_or(Dtype::F32, |(d, _)| *d));
     }
     Ok(stored_dtype(&batch_forge::loaders::WeightStore::open_dir(path)?))
 }

@@ -151,10 +151,13 @@ pub fn concat_rows(name: &str, parts: &[Tensor]) -> anyhow::Result<Tensor<'stati
                 TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.as_ref(),
             })
             .collect();
-        match &first.data {
+        let joined = match &first.data {
             TensorData::Float { dtype, .. } => TensorData::Float { dtype: *dtype, bytes: join(&bytes) },
             TensorData::Quantized { ty, .. } => TensorData::Quantized { ty: *ty, bytes: join(&bytes) },
-        }
+        };
+        // The parts now live in the joined copy: their file pages can go (see `release`).
+        bytes.iter().for_each(|b| super::release(b));
+        joined
     } else {
         let mut out = Vec::new();
         for p in parts {

@@ -556,8 +556,8 @@ impl GgufFile {
         // the one hazard is another process truncating the file while it is mapped;
         // model files are not rewritten in place, and the validated header keeps every
         // access in range of the length mapped here.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
-        Self::with_backing(path, Backing::Mapped(super::Mapping::new(mmap)))
+        let mmap = unsafe { super::Mapping::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
+        Self::with_backing(path, Backing::Mapped(mmap))
     }
 
     /// A file image already in memory; `name` stands in for the path in messages.

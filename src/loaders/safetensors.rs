@@ -266,9 +266,9 @@ impl SafetensorsFile {
         // mmap is another process truncating or rewriting the file while it is mapped;
         // model files are not modified in place by any tool we know of (HF writes new
         // blobs and renames), and a validated header means we never index out of range.
-        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
-        let header = parse_header(&mmap).map_err(err)?;
-        Ok(SafetensorsFile { path: path.to_owned(), mmap: Backing::Mapped(super::Mapping::new(mmap)), header })
+        let mmap = unsafe { super::Mapping::map(&file) }.map_err(|e| err(format!("cannot mmap: {e}")))?;
+        let header = parse_header(&mmap.0).map_err(err)?;
+        Ok(SafetensorsFile { path: path.to_owned(), mmap: Backing::Mapped(mmap), header })
     }
 
     /// A file image already in memory; `name` stands in for the path in messages.

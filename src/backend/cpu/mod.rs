@@ -427,26 +427,23 @@ impl Backend for CpuBackend {
                 Ok(CpuMatrix::Quant(m))
             }
             None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) && n_out > 0 => {
-                // Row by row, so no f32 copy of the whole matrix is ever held.
+                // Row by row as the re-blocking reaches it, so neither an f32 nor a Q8_0 copy
+                // of the whole matrix is ever held.
                 ensure!(bytes.len().is_multiple_of(n_out), "tensor {name:?}: {} bytes for {n_out} rows", bytes.len());
                 let row_bytes = bytes.len() / n_out;
-                let mut q8 = Vec::with_capacity(n_out * n_in / qmatmul::QK * 34);
-                for rows in bytes.chunks(row_bytes.max(1) * 256) {
-                    for row in rows.chunks_exact(row_bytes.max(1)) {
-                        let values =
-                            crate::quant::dequantize(ty, row).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-                        ensure!(
-                            values.len() == n_in,
-                            "tensor {name:?}: a row decodes to {} values, not {n_in}",
-                            values.len()
-                        );
-                        q8.extend(qmatmul::quantize_q8_0(&values));
-                    }
-                    crate::loaders::release(rows);
-                }
-                Ok(CpuMatrix::Quant(
-                    QMatrix::new(QType::Q8_0, n_out, n_in, &q8).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?,
-                ))
+                // Every row has the same type and length: the first one decoding to n_in
+                // values means they all do.
+                let values = crate::quant::dequantize(ty, &bytes[..row_bytes])
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                ensure!(values.len() == n_in, "tensor {name:?}: a row decodes to {} values, not {n_in}", values.len());
+                let m = QMatrix::requantized_q8_0(
+                    n_out,
+                    n_in,
+                    |j| crate::quant::dequantize(ty, &bytes[j * row_bytes..(j + 1) * row_bytes]).unwrap_or_default(),
+                    |rows| crate::loaders::release(&bytes[rows.start * row_bytes..rows.end * row_bytes]),
+                )
+                .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                Ok(CpuMatrix::Quant(m))
             }
             _ => dequantized_matrix(self, name, ty, n_out, n_in, bytes),
         }

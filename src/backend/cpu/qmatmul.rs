@@ -202,6 +202,35 @@ impl QMatrix {
         }))
     }
 
+    /// A Q8_0 matrix re-quantized from rows of floats: `row(j)` gives row `j`'s `n_in`
+    /// values (decoded once, when the re-blocking reaches it; a short row reads as zeros
+    /// past its end) and `done` hears of each finished run of rows, as in
+    /// [`QMatrix::new_with`]. Blocks round as [`quantize_q8_0`] does (llama-quantize's rule).
+    pub fn requantized_q8_0(
+        n_out: usize,
+        n_in: usize,
+        row: impl Fn(usize) -> Vec<f32>,
+        done: impl FnMut(std::ops::Range<usize>),
+    ) -> Result<Self, String> {
+        if n_in == 0 || !n_in.is_multiple_of(QK) {
+            return Err(format!("q8_0: rows of {n_in} values are not whole blocks of {QK}"));
+        }
+        // The current row, quantized: from_blocks visits rows in order, blocks within each.
+        let current: std::cell::RefCell<(usize, Vec<u8>)> = std::cell::RefCell::new((usize::MAX, Vec::new()));
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
+            let mut cur = current.borrow_mut();
+            if cur.0 != j {
+                let mut values = row(j);
+                values.resize(n_in, 0.0);
+                *cur = (j, quantize_q8_0(&values));
+            }
+            let blk = &cur.1[b * 34..(b + 1) * 34];
+            q.copy_from_slice(&blk[2..]);
+            dm[0] = f16_at(blk, 0);
+        };
+        Ok(Self::from_blocks(QType::Q8_0, n_out, n_in, fill, done))
+    }
+
     /// The group-interleaved layout, each block's quants and `[d, m]` written by
     /// `fill(row, block, quants, scales)`. Per block of a group the quants of its four rows
     /// follow each other, then their scales: `d0 d1 d2 d3` (and `m0 m1 m2 m3` for Q4_1).
@@ -452,17 +481,22 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
         let (q, sc) = (qs.as_ptr(), dm.as_ptr());
         macro_rules! go {
             ($ty:literal) => {
-                match n {
-                    1 => x86::group_dot::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
-                    2 => x86::group_dot::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
-                    3 => x86::group_dot::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
-                    _ => x86::group_dot::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
+                match (n, isa.has_vnni()) {
+                    (1, false) => x86::group_dot::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
+                    (2, false) => x86::group_dot::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
+                    (3, false) => x86::group_dot::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
+                    (_, false) => x86::group_dot::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
+                    (1, true) => x86::group_dot_vnni::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
+                    (2, true) => x86::group_dot_vnni::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
+                    (3, true) => x86::group_dot_vnni::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
+                    (_, true) => x86::group_dot_vnni::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
                 }
             };
         }
-        // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c; the group
-        // holds nb × 4 blocks (`group` slices them) and the asserts above keep activation
-        // rows t..t+n (nb blocks each, with their scales and sums) in bounds.
+        // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c, an
+        // AVX-512 VNNI one only where it also found AVX-512 F/BW/VL and VNNI; the group holds
+        // nb × 4 blocks (`group` slices them) and the asserts above keep activation rows
+        // t..t+n (nb blocks each, with their scales and sums) in bounds.
         unsafe {
             match w.ty {
                 QType::Q8_0 => go!(0),
@@ -546,8 +580,49 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA and F16C are available and every pointer covers what is described above.
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes acc, off and x
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn group_dot<const TY: u8, const N: usize>(
+        qs: *const u8,
+        dm: *const f32,
+        nb: usize,
+        x: *const i8,
+        d: *const f32,
+        s: *const f32,
+        sum: *const i32,
+        out: &mut [[f32; GROUP]; TOKENS],
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { group_dot_impl::<TY, N, false>(qs, dm, nb, x, d, s, sum, out) }
+    }
+
+    /// [`group_dot`] with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) in place of
+    /// `maddubs` + `madd`: each i32 lane sums the same four byte products, exactly, so
+    /// the results are bit-identical to the AVX2 kernel's.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers what
+    /// [`group_dot`] describes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group_dot_vnni<const TY: u8, const N: usize>(
+        qs: *const u8,
+        dm: *const f32,
+        nb: usize,
+        x: *const i8,
+        d: *const f32,
+        s: *const f32,
+        sum: *const i32,
+        out: &mut [[f32; GROUP]; TOKENS],
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe { group_dot_impl::<TY, N, true>(qs, dm, nb, x, d, s, sum, out) }
+    }
+
+    /// The body of [`group_dot`] (`VNNI` false) and [`group_dot_vnni`] (true), inlined into
+    /// each so it is compiled with its features.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes acc, off and x
+    unsafe fn group_dot_impl<const TY: u8, const N: usize, const VNNI: bool>(
         qs: *const u8,
         dm: *const f32,
         nb: usize,
@@ -559,10 +634,10 @@ mod x86 {
     ) {
         let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
         let row_stride = nb * QK;
-        let ones = _mm256_set1_epi16(1);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm_setzero_ps(); N];
-        let mut off = [_mm_setzero_ps(); N];
+        // SAFETY: register constants; the features are enabled in both callers.
+        let (ones, m4) = unsafe { (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F)) };
+        // SAFETY: as above.
+        let (mut acc, mut off) = unsafe { ([_mm_setzero_ps(); N], [_mm_setzero_ps(); N]) };
         for b in 0..nb {
             // SAFETY: block b of the group (4 × qb bytes of quants, 4 × ns scales) and of
             // each activation row is in bounds (the caller's contract); the prefetch address
@@ -579,7 +654,12 @@ mod x86 {
                         let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
                         // |w| · (x with w's sign): maddubs wants its first operand unsigned.
                         let dots: [__m256i; 4] = std::array::from_fn(|r| {
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv, w[r])), ones)
+                            let sx = _mm256_sign_epi8(xv, w[r]);
+                            if VNNI {
+                                _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], sx)
+                            } else {
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones)
+                            }
                         });
                         let isum = gather_rows(dots);
                         let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
@@ -597,10 +677,21 @@ mod x86 {
                         let xp = x.add(i * row_stride + b * QK);
                         let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp as *const __m128i));
                         let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        // Nibble × i8 pairs stay within ±3810, two of them within i16.
-                        let p01 = _mm256_add_epi16(_mm256_maddubs_epi16(lo01, xlo), _mm256_maddubs_epi16(hi01, xhi));
-                        let p23 = _mm256_add_epi16(_mm256_maddubs_epi16(lo23, xlo), _mm256_maddubs_epi16(hi23, xhi));
-                        let mut isum = gather_pairs(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+                        let (i01, i23) = if VNNI {
+                            let z = _mm256_setzero_si256();
+                            (
+                                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo01, xlo), hi01, xhi),
+                                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo23, xlo), hi23, xhi),
+                            )
+                        } else {
+                            // Nibble × i8 pairs stay within ±3810, two of them within i16.
+                            let p01 =
+                                _mm256_add_epi16(_mm256_maddubs_epi16(lo01, xlo), _mm256_maddubs_epi16(hi01, xhi));
+                            let p23 =
+                                _mm256_add_epi16(_mm256_maddubs_epi16(lo23, xlo), _mm256_maddubs_epi16(hi23, xhi));
+                            (_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones))
+                        };
+                        let mut isum = gather_pairs(i01, i23);
                         if TY == 1 {
                             isum = _mm_sub_epi32(isum, _mm_set1_epi32(8 * *sum.add(i * nb + b)));
                         }

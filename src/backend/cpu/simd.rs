@@ -1,9 +1,12 @@
 //! SIMD primitives behind safe wrappers, chosen at run time.
 //!
-//! [`Isa::detect`] picks AVX2+FMA+F16C on x86-64 CPUs that have it, else the portable
-//! path: plain Rust written in fixed-width chunks that LLVM vectorizes for the target
-//! (SSE2 on any x86-64, NEON on aarch64). Every public function here is safe; the
-//! `unsafe` AVX2 bodies are only reached after detection proved the features exist.
+//! [`Isa::detect`] picks, on x86-64, AVX-512 F/BW/VL with VNNI, else AVX-512 F/BW/VL,
+//! else AVX2+FMA+F16C, else the portable path: plain Rust written in fixed-width chunks
+//! that LLVM vectorizes for the target (SSE2 on any x86-64, NEON on aarch64). Each level
+//! includes the ones below: a kernel without a version for it runs the next one down.
+//! `BATCH_FORGE_ISA=avx512-vnni|avx512|avx2|portable` caps the choice (to compare paths
+//! on one machine). Every public function here is safe; the `unsafe` SIMD bodies
+//! are only reached after detection proved the features exist.
 
 /// The instruction set the kernels run with: a token that only run-time detection can
 /// make for anything beyond the portable path, so safe code cannot ask for instructions
@@ -18,6 +21,10 @@ pub struct Isa(IsaKind);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IsaKind {
+    /// x86-64 with AVX-512 F/BW/VL and VNNI besides AVX2, FMA and F16C (Ice Lake, Zen 4).
+    Avx512Vnni,
+    /// x86-64 with AVX-512 F/BW/VL besides AVX2, FMA and F16C, no VNNI (Skylake-SP).
+    Avx512,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
     /// Any CPU: auto-vectorized Rust.
@@ -42,21 +49,127 @@ impl Isa {
         None
     }
 
-    /// The best this CPU runs.
-    pub fn detect() -> Isa {
-        Isa::avx2().unwrap_or(Isa::PORTABLE)
+    /// AVX-512 F/BW/VL (with AVX2, FMA and F16C), if this CPU has them; the integer dots
+    /// stay on AVX2 at this level.
+    pub fn avx512() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::avx2().is_some()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+            {
+                return Some(Isa(IsaKind::Avx512));
+            }
+        }
+        None
     }
 
-    /// Whether this is the AVX2 path (and so, by construction, the CPU has it).
+    /// [`Isa::avx512`] plus AVX512-VNNI for the quantized kernels' integer dot products:
+    /// Intel from Ice Lake, AMD from Zen 4.
+    pub fn avx512_vnni() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::avx512().is_some() && std::is_x86_feature_detected!("avx512vnni") {
+                return Some(Isa(IsaKind::Avx512Vnni));
+            }
+        }
+        None
+    }
+
+    /// The best this CPU runs, capped by `BATCH_FORGE_ISA` (`avx512-vnni`, `avx512`,
+    /// `avx2` or `portable`) when set; decided once per process.
+    pub fn detect() -> Isa {
+        static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let levels = [Isa::avx512_vnni(), Isa::avx512(), Isa::avx2(), Some(Isa::PORTABLE)];
+            let best = levels.into_iter().flatten().next().unwrap_or(Isa::PORTABLE);
+            let Ok(cap) = std::env::var("BATCH_FORGE_ISA") else { return best };
+            let Some(at) = ["avx512-vnni", "avx512", "avx2", "portable"].iter().position(|n| *n == cap) else {
+                eprintln!(
+                    "warning: BATCH_FORGE_ISA={cap:?} is not one of avx512-vnni, avx512, avx2, portable; using {}",
+                    best.name()
+                );
+                return best;
+            };
+            // The best level at or below the cap that this CPU has.
+            levels[at..].iter().flatten().next().copied().unwrap_or(Isa::PORTABLE)
+        })
+    }
+
+    /// Whether AVX2 kernels may run (the AVX2 or an AVX-512 path; by construction the CPU
+    /// has the features).
     pub fn is_avx2(self) -> bool {
-        self.0 == IsaKind::Avx2
+        self.0 != IsaKind::Portable
+    }
+
+    /// Whether AVX-512 F/BW/VL kernels may run.
+    pub fn is_avx512(self) -> bool {
+        matches!(self.0, IsaKind::Avx512 | IsaKind::Avx512Vnni)
+    }
+
+    /// Whether AVX512-VNNI kernels may run.
+    pub fn has_vnni(self) -> bool {
+        self.0 == IsaKind::Avx512Vnni
     }
 
     pub fn name(self) -> &'static str {
         match self.0 {
+            IsaKind::Avx512Vnni => "avx512-vnni",
+            IsaKind::Avx512 => "avx512",
             IsaKind::Avx2 => "avx2",
             IsaKind::Portable => "portable",
         }
+    }
+
+    /// What the kernels of this path use, for `forge devices` and `forge bench`.
+    pub fn features(self) -> &'static str {
+        match self.0 {
+            IsaKind::Avx512Vnni => {
+                "AVX-512 F/BW/VL prefill GEMM, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
+            }
+            IsaKind::Avx512 => "AVX-512 F/BW/VL prefill GEMM; AVX2/FMA/F16C decode GEMV, quantized dots and elsewhere",
+            IsaKind::Avx2 => "AVX2/FMA/F16C",
+            IsaKind::Portable => "auto-vectorized Rust",
+        }
+    }
+
+    /// One line for people: the CPU's model name, this path, its vector width, and (when
+    /// `peak` is given, from [`fma_probe`]) the FMA peak of one thread.
+    pub fn describe(self, peak_gflops: Option<f64>) -> String {
+        let model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                let line = c.lines().find(|l| l.starts_with("model name"))?;
+                line.split(':').nth(1).map(|m| m.trim().to_owned())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+        let peak = peak_gflops.map(|g| format!(", FMA peak ≈ {g:.0} GFLOP/s per thread")).unwrap_or_default();
+        format!(
+            "cpu: {model}; kernels: {} ({}-bit vectors: {}){peak}",
+            self.name(),
+            self.vector_bits(),
+            self.features()
+        )
+    }
+
+    /// Vector width of the widest kernels, in bits.
+    pub fn vector_bits(self) -> usize {
+        match self.0 {
+            IsaKind::Avx512Vnni | IsaKind::Avx512 => 512,
+            IsaKind::Avx2 => 256,
+            IsaKind::Portable => 128,
+        }
+    }
+
+    /// One FMA probe of about `seconds`: GFLOP/s of one thread (see [`fma_probe`]).
+    pub fn fma_peak(self, seconds: f64) -> f64 {
+        let start = std::time::Instant::now();
+        let mut flops = 0.0;
+        while start.elapsed().as_secs_f64() < seconds {
+            flops += fma_probe(self, 1 << 16);
+        }
+        flops / start.elapsed().as_secs_f64() / 1e9
     }
 }
 
@@ -201,6 +314,37 @@ pub fn sum_isa(isa: Isa, x: &[f32]) -> f32 {
     sum(x)
 }
 
+/// The FMA-throughput probe behind `forge bench --flops`: `iters` rounds of 12
+/// independent multiply-add chains on the ISA's widest vectors (AVX-512: 12 × 16 lanes,
+/// AVX2: 12 × 8, portable: 12 × 4, which LLVM keeps in SIMD registers as a multiply and
+/// an add). Returns the floating-point operations done, 2 per lane per round.
+pub fn fma_probe(isa: Isa, iters: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx512() {
+        // SAFETY: an AVX-512 `Isa` exists only where detection found the features.
+        std::hint::black_box(unsafe { x86::fma_probe512(iters) });
+        return (iters * 12 * 16 * 2) as f64;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx2() {
+        // SAFETY: features checked by detection.
+        std::hint::black_box(unsafe { x86::fma_probe256(iters) });
+        return (iters * 12 * 8 * 2) as f64;
+    }
+    let _ = isa;
+    let mut acc = [[1.0f32; 4]; 12];
+    let (m, c) = std::hint::black_box((0.999_999f32, 1e-7f32));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = *v * m + c;
+            }
+        }
+    }
+    std::hint::black_box(acc);
+    (iters * 12 * 4 * 2) as f64
+}
+
 /// Sum with 16 partial sums (vectorizes on every target).
 pub fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 16];
@@ -340,6 +484,31 @@ pub(crate) mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn fma_probe256(iters: usize) -> f32 {
+        let (m, c) = (_mm256_set1_ps(std::hint::black_box(0.999_999)), _mm256_set1_ps(std::hint::black_box(1e-7)));
+        let mut acc = [_mm256_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, m, c);
+            }
+        }
+        let t = acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a));
+        hsum(t)
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn fma_probe512(iters: usize) -> f32 {
+        let (m, c) = (_mm512_set1_ps(std::hint::black_box(0.999_999)), _mm512_set1_ps(std::hint::black_box(1e-7)));
+        let mut acc = [_mm512_set1_ps(1.0); 12];
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, m, c);
+            }
+        }
+        _mm512_reduce_add_ps(acc.iter().fold(_mm512_setzero_ps(), |s, &a| _mm512_add_ps(s, a)))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     pub(crate) fn sum(x: &[f32]) -> f32 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let chunks = x.chunks_exact(32);
@@ -393,10 +562,43 @@ pub fn avx2_or_skip() -> Option<Isa> {
     isa
 }
 
-/// For tests: every path this CPU runs (AVX2 through [`avx2_or_skip`]), portable last.
+/// For tests: `level()` (an AVX-512 path), or `None` after a loud skip where the CPU lacks
+/// it. Under `CI=true` a machine whose /proc/cpuinfo lists every flag in `flags` and yet
+/// detects no such path panics.
+fn level_or_skip(level: fn() -> Option<Isa>, name: &str, flags: &[&str]) -> Option<Isa> {
+    let isa = level();
+    if isa.is_none() && !cfg!(miri) {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let line = cpuinfo.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
+        let claims = flags.iter().all(|f| line.split_whitespace().any(|w| w == *f));
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        assert!(!(ci && claims), "CI=true: /proc/cpuinfo lists {flags:?}, yet no {name} path was detected");
+        eprintln!("*** SKIPPED: no {name} on this CPU; its kernels were not tested here ***");
+    }
+    isa
+}
+
+/// For tests: the AVX-512 F/BW/VL path without VNNI (which any AVX-512 CPU can run), or
+/// a loud skip (a failure under `CI=true` where the CPU claims the flags).
+#[doc(hidden)]
+pub fn avx512_or_skip() -> Option<Isa> {
+    level_or_skip(Isa::avx512, "AVX-512 F/BW/VL", &["avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"])
+}
+
+/// For tests: the AVX-512 VNNI path, or a loud skip (a failure under `CI=true` where the
+/// CPU claims the flags).
+#[doc(hidden)]
+pub fn avx512_vnni_or_skip() -> Option<Isa> {
+    let flags = ["avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"];
+    level_or_skip(Isa::avx512_vnni, "AVX-512 VNNI", &flags)
+}
+
+/// For tests: every path this CPU runs (the AVX-512 levels through [`avx512_vnni_or_skip`]
+/// and [`avx512_or_skip`], AVX2 through [`avx2_or_skip`]), portable last.
 #[doc(hidden)]
 pub fn isas_or_skip() -> Vec<Isa> {
-    avx2_or_skip().into_iter().chain([Isa::PORTABLE]).collect()
+    let simd = [avx512_vnni_or_skip(), avx512_or_skip(), avx2_or_skip()];
+    simd.into_iter().flatten().chain([Isa::PORTABLE]).collect()
 }
 
 #[cfg(test)]
