@@ -425,6 +425,13 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
     printer.end()
 }
 
+/// `rate()` run `repetitions` times after one warm-up run: (median, best).
+fn median_and_best(repetitions: usize, mut rate: impl FnMut() -> f64) -> (f64, f64) {
+    let mut rates: Vec<f64> = (0..=repetitions).map(|_| rate()).skip(1).collect();
+    rates.sort_by(f64::total_cmp);
+    (rates[rates.len() / 2], rates[rates.len() - 1])
+}
+
 /// Run the FMA probe on every thread at once (about 0.2 s a run); report the median of
 /// `-r` runs, for the whole team and per thread.
 fn bench_flops(args: &BenchArgs) -> anyhow::Result<()> {
@@ -439,24 +446,14 @@ fn bench_flops(args: &BenchArgs) -> anyhow::Result<()> {
     super::outln!("| --- | --- | ---: | ---: | ---: | ---: |");
     for &t in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
-        let mut rates: Vec<f64> = (0..=args.repetitions)
-            .map(|_| {
-                let start = Instant::now();
-                // One probe on each of the pool's threads at once.
-                let flops: f64 = pool.broadcast(|_| simd::fma_probe(isa, iters)).iter().sum();
-                flops / start.elapsed().as_secs_f64() / 1e9
-            })
-            .skip(1)
-            .collect();
-        rates.sort_by(f64::total_cmp);
-        let median = rates[rates.len() / 2];
-        super::outln!(
-            "| fma f32 ({}-bit) | {} | {t} | {median:.1} | {:.1} | {:.1} |",
-            isa.vector_bits(),
-            isa.name(),
-            rates[rates.len() - 1],
-            median / t as f64
-        );
+        // One probe on each of the pool's threads at once.
+        let (median, best) = median_and_best(args.repetitions, || {
+            let start = Instant::now();
+            let flops: f64 = pool.broadcast(|_| simd::fma_probe(isa, iters)).iter().sum();
+            flops / start.elapsed().as_secs_f64() / 1e9
+        });
+        let (bits, name, per_thread) = (isa.vector_bits(), isa.name(), median / t as f64);
+        super::outln!("| fma f32 ({bits}-bit) | {name} | {t} | {median:.1} | {best:.1} | {per_thread:.1} |");
     }
     Ok(())
 }
@@ -471,17 +468,13 @@ fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     super::outln!("| --- | ---: | ---: | ---: |");
     for &t in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
-        let mut rates: Vec<f64> = (0..=args.repetitions)
-            .map(|_| {
-                let start = Instant::now();
-                let s: f32 = pool.install(|| data.par_chunks(n.div_ceil(t)).map(|c| simd::sum_isa(isa, c)).sum());
-                std::hint::black_box(s);
-                (n * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
-            })
-            .skip(1)
-            .collect();
-        rates.sort_by(f64::total_cmp);
-        super::outln!("| memory read 1 GiB | {t} | {:.1} | {:.1} |", rates[rates.len() / 2], rates[rates.len() - 1]);
+        let (median, best) = median_and_best(args.repetitions, || {
+            let start = Instant::now();
+            let s: f32 = pool.install(|| data.par_chunks(n.div_ceil(t)).map(|c| simd::sum_isa(isa, c)).sum());
+            std::hint::black_box(s);
+            (n * 4) as f64 / start.elapsed().as_secs_f64() / 1e9
+        });
+        super::outln!("| memory read 1 GiB | {t} | {median:.1} | {best:.1} |");
     }
     Ok(())
 }

@@ -479,17 +479,20 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
         let x = xq.q[t * n_in..].as_ptr();
         let (d, s, sum) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr(), xq.sum[t * nb..].as_ptr());
         let (q, sc) = (qs.as_ptr(), dm.as_ptr());
+        // One kernel per (type, activation rows), with VNNI where the CPU has it.
+        macro_rules! pick {
+            ($ty:literal, $n:literal) => {{
+                let f = if isa.has_vnni() { x86::group_dot_vnni::<$ty, $n> } else { x86::group_dot::<$ty, $n> };
+                f(q, sc, nb, x, d, s, sum, sums)
+            }};
+        }
         macro_rules! go {
             ($ty:literal) => {
-                match (n, isa.has_vnni()) {
-                    (1, false) => x86::group_dot::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
-                    (2, false) => x86::group_dot::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
-                    (3, false) => x86::group_dot::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
-                    (_, false) => x86::group_dot::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
-                    (1, true) => x86::group_dot_vnni::<$ty, 1>(q, sc, nb, x, d, s, sum, sums),
-                    (2, true) => x86::group_dot_vnni::<$ty, 2>(q, sc, nb, x, d, s, sum, sums),
-                    (3, true) => x86::group_dot_vnni::<$ty, 3>(q, sc, nb, x, d, s, sum, sums),
-                    (_, true) => x86::group_dot_vnni::<$ty, 4>(q, sc, nb, x, d, s, sum, sums),
+                match n {
+                    1 => pick!($ty, 1),
+                    2 => pick!($ty, 2),
+                    3 => pick!($ty, 3),
+                    _ => pick!($ty, 4),
                 }
             };
         }

@@ -550,19 +550,10 @@ pub(crate) mod x86 {
 /// a path the machine has.
 #[doc(hidden)]
 pub fn avx2_or_skip() -> Option<Isa> {
-    let isa = Isa::avx2();
-    if isa.is_none() && !cfg!(miri) {
-        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let line = flags.lines().find(|l| l.starts_with("flags")).unwrap_or_default();
-        let claims = ["avx2", "fma", "f16c"].iter().all(|f| line.split_whitespace().any(|w| w == *f));
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        assert!(!(ci && claims), "CI=true: /proc/cpuinfo lists avx2, fma and f16c, yet no AVX2 path was detected");
-        eprintln!("*** SKIPPED: no AVX2/FMA/F16C on this CPU; only the portable path was tested ***");
-    }
-    isa
+    level_or_skip(Isa::avx2, "AVX2/FMA/F16C", &["avx2", "fma", "f16c"])
 }
 
-/// For tests: `level()` (an AVX-512 path), or `None` after a loud skip where the CPU lacks
+/// For tests: `level()` (a SIMD path), or `None` after a loud skip where the CPU lacks
 /// it. Under `CI=true` a machine whose /proc/cpuinfo lists every flag in `flags` and yet
 /// detects no such path panics.
 fn level_or_skip(level: fn() -> Option<Isa>, name: &str, flags: &[&str]) -> Option<Isa> {
