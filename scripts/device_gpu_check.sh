@@ -3,8 +3,9 @@
 # prepared run: the GPU parity and whole-model tests on the real adapter (GPT-2 and the
 # Llama fixtures), cpu/gpu lockstep on GPT-2 and Llama files (HF folders and GGUF), forge
 # bench on random GPT-2 124M and XL (f32, f16, and Q8_0/Q4_0 GGUF written on the machine by
-# `forge quantize`, decoded at upload), SmolLM2 Q4_1 when $SMOLLM2 names it (the file is
-# over the 64 MiB carry), and HF transformers on CUDA with the same configs.
+# `forge quantize`: blocks resident on the device, and decoded to f16 for comparison;
+# batched decode of 1, 16 and 64 sequences), SmolLM2 Q4_1 when $SMOLLM2 names it (the file
+# is over the 64 MiB carry), and HF transformers on CUDA with the same configs and files.
 # Writes everything under $OUT (or ./device-out).
 #
 # The machine is bare: it needs the Vulkan loader (see the device README: download
@@ -49,12 +50,13 @@ for m in gpt2 gpt2-xl; do
     $FORGE random-model --preset $m --out /tmp/rand-$m --force --tokenizer-from tests/fixtures/gpt2-tokenizer >/dev/null
     for t in q8_0 q4_0; do
         $FORGE quantize /tmp/rand-$m /tmp/rand-$m.$t.gguf --type $t >/dev/null
+        $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu -p 512 -n 128 --npl 1,16,64 -r 5
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu --dtype f16 -p 512 -n 128 -r 5
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend cpu -p 512 -n 128 -r 3
     done
 done 2>&1 | tee "$OUT/bench.txt"
 if [ -n "${SMOLLM2:-}" ] && [ -f "$SMOLLM2" ]; then
-    $FORGE bench -m "$SMOLLM2" --backend gpu -p 512 -n 128 -r 5
+    $FORGE bench -m "$SMOLLM2" --backend gpu -p 512 -n 128 --npl 1,16,64 -r 5
     $FORGE bench -m "$SMOLLM2" --backend gpu --dtype f16 -p 512 -n 128 -r 5
     $FORGE generate -m "$SMOLLM2" --backend gpu --chat "What is the capital of France?" -n 32 --greedy
 else
@@ -65,4 +67,9 @@ python3 -c "import torch, transformers" 2>/dev/null || { echo "no torch/transfor
 for m in gpt2 gpt2-xl; do
     $FORGE random-model --preset $m --out /tmp/rand-$m --force >/dev/null
     python3 scripts/hf_bench.py /tmp/rand-$m --device cuda -p 512 -n 128 -r 5
+    python3 scripts/hf_bench.py /tmp/rand-$m --device cuda --dtype f16 -p 512 -n 128 -r 5 --npl 1,16,64
 done 2>&1 | tee "$OUT/hf_cuda.txt"
+# SmolLM2 through transformers' GGUF loader (dequantized: HF has no quantized kernels for it).
+if [ -n "${SMOLLM2:-}" ] && [ -f "$SMOLLM2" ] && python3 -c "import gguf, accelerate" 2>/dev/null; then
+    python3 scripts/hf_bench.py "$SMOLLM2" --device cuda --dtype f16 -p 512 -n 128 -r 5 --npl 1,16,64
+fi 2>&1 | tee -a "$OUT/hf_cuda.txt"

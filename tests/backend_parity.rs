@@ -421,8 +421,9 @@ fn cpu_portable_f32_and_f16() {
 }
 
 /// The GPU backend through the same suite with the same bounds: its kernels accumulate
-/// in f32 like the CPU ones, only in another order. Both decode GEMV kernels run, so
-/// the one a real GPU picks is checked here too; f16 weights and the f16 KV cache
+/// in f32 like the CPU ones, only in another order. All three decode GEMV kernels run
+/// (workgroup-memory, one-thread-per-column, and subgroup where the adapter has
+/// subgroups), so the one a real GPU picks is checked here too; f16 weights and the f16 KV cache
 /// (shader-f16) are checked against the reference fed the same f16-rounded values.
 #[cfg(feature = "gpu")]
 #[test]
@@ -434,12 +435,15 @@ fn gpu_every_kernel_variant() {
         (WeightDtype::F32, GemvKernel::Thread, false),
         (WeightDtype::F16, GemvKernel::Cooperative, true),
         (WeightDtype::F16, GemvKernel::Thread, false),
+        (WeightDtype::F32, GemvKernel::Subgroup, false),
+        (WeightDtype::F16, GemvKernel::Subgroup, false),
     ];
     let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
     let has_f16 = common::gpu_f16_or_skip(&probe, "f16 weights and KV cache in the parity suite");
+    let has_sg = common::gpu_subgroups_or_skip(&probe, "the subgroup GEMV in the parity suite");
     drop(probe);
     for (dtype, gemv, kv_f16) in variants {
-        if (dtype == WeightDtype::F16 || kv_f16) && !has_f16 {
+        if (dtype == WeightDtype::F16 || kv_f16) && !has_f16 || gemv == GemvKernel::Subgroup && !has_sg {
             continue;
         }
         let o = GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16, ..Default::default() };
@@ -729,6 +733,111 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
                 let want = &all[id as usize * n_in..(id as usize + 1) * n_in];
                 assert!(rows.row(k).iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "q4_k embed row {id}");
             }
+        }
+    }
+}
+
+/// Random whole blocks of any GGUF block format: random bytes (quants, packed scales,
+/// high bits), then finite f16 scales where the format keeps them, so every value is
+/// finite and of ordinary size.
+#[cfg(feature = "gpu")]
+fn random_blocks_any(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_out: usize, n_in: usize) -> Vec<u8> {
+    use batch_forge::loaders::gguf::GgmlType as G;
+    let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+    let mut out = vec![0u8; n_out * n_in / bs * ts];
+    rng_fill(rng, &mut out);
+    let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+    for blk in out.chunks_mut(ts) {
+        let d = (rng.next_f64() as f32 + 0.05) * 0.02;
+        let m = (rng.next_f64() as f32 - 0.5) * 0.1;
+        match ty {
+            G::Q8_0 | G::Q4_0 | G::Q5_0 => blk[..2].copy_from_slice(&f16(d)),
+            G::Q4_1 | G::Q5_1 => {
+                blk[..2].copy_from_slice(&f16(d));
+                blk[2..4].copy_from_slice(&f16(m));
+            }
+            // d · (6-bit scale) · q − dmin · (6-bit min).
+            G::Q4K | G::Q5K => {
+                blk[..2].copy_from_slice(&f16(d / 16.0));
+                blk[2..4].copy_from_slice(&f16(m.abs() / 16.0));
+            }
+            G::Q6K => blk[208..210].copy_from_slice(&f16(d / 64.0)),
+            other => panic!("no random blocks for {other:?}"),
+        }
+    }
+    out
+}
+
+#[cfg(feature = "gpu")]
+fn rng_fill(rng: &mut Rng, out: &mut [u8]) {
+    for c in out.chunks_mut(8) {
+        let v = rng.next_u64().to_le_bytes();
+        c.copy_from_slice(&v[..c.len()]);
+    }
+}
+
+/// Block-quantized weights resident on the GPU in their GGUF formats, decoded in the
+/// kernels' registers: every format, every kernel (tiled matmul, the three decode GEMVs,
+/// the batch-invariant path that takes the matmul for any row count) against the
+/// reference fed the same blocks decoded to f32 (gguf-py's values), at the parity
+/// suite's bounds; awkward shapes (one block per row, partial tiles and GEMV groups,
+/// 1–8 decode rows, a 64-row tile edge) and activations from 1e-3 to 1e3. The
+/// quantized embedding gather equals gguf-py's decoding bit for bit, and the device
+/// holds the file's bytes, not a float copy.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_quantized_weights_every_format_and_kernel() {
+    use batch_forge::backend::gpu::kernels::QUANT_FORMATS;
+    use batch_forge::backend::gpu::{GemvKernel, GpuOptions};
+    let variants = [
+        ("cooperative gemv", GpuOptions { gemv: GemvKernel::Cooperative, ..Default::default() }),
+        ("thread gemv", GpuOptions { gemv: GemvKernel::Thread, ..Default::default() }),
+        ("subgroup gemv", GpuOptions { gemv: GemvKernel::Subgroup, ..Default::default() }),
+        ("batch-invariant matmul", GpuOptions { batch_invariant: true, ..Default::default() }),
+    ];
+    let r = ReferenceBackend;
+    let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
+    let has_sg = common::gpu_subgroups_or_skip(&probe, "the quantized subgroup GEMV");
+    drop(probe);
+    for (label, o) in variants {
+        if o.gemv == GemvKernel::Subgroup && !has_sg {
+            continue;
+        }
+        let Some(b) = common::gpu_backend(o) else { return };
+        let mut rng = Rng::new(7);
+        for (ty, name) in QUANT_FORMATS {
+            let bs = ty.block_size() as usize;
+            let mut worst = (0f64, 0f64);
+            for (i, &(t, blocks, n_out)) in
+                [(1, 1, 1), (1, 3, 67), (2, 2, 9), (3, 5, 130), (8, 4, 33), (5, 1, 257), (70, 3, 65), (9, 2, 300)]
+                    .iter()
+                    .enumerate()
+            {
+                let n_in = blocks * bs;
+                let bytes = random_blocks_any(&mut rng, ty, n_out, n_in);
+                let wb = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
+                assert_eq!(wb.quant_type(), Some(ty), "{name}: kept in its blocks");
+                assert_eq!(wb.device_bytes(), bytes.len().next_multiple_of(4) as u64, "{name}: device bytes");
+                let wr = r.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
+                let scale = [1e-3f32, 1.0, 1e3][i % 3];
+                let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+                let bias = tensor(&[n_out], &normal(&mut rng, n_out, scale));
+                let (bb, br) = (b.load_vector(&view(&bias)).unwrap(), r.load_vector(&view(&bias)).unwrap());
+                let got = b.read(&b.linear(&b.upload(&x), &wb, Some(&bb))).unwrap();
+                let what = format!("{label}: {name} linear T={t} {n_in}->{n_out} scale {scale}");
+                let e = compare(&what, &got, &r.linear(&x, &wr, Some(&br)));
+                worst = (worst.0.max(e.0), worst.1.max(e.1));
+                // The gather decodes exactly what gguf-py decodes.
+                let ids = [0u32, (n_out - 1) as u32, (n_out / 2) as u32, 0];
+                let got = b.read(&b.embed(&wb, &ids)).unwrap();
+                let all = batch_forge::quant::dequantize(ty, &bytes).unwrap();
+                for (row, &id) in ids.iter().enumerate() {
+                    let want = &all[id as usize * n_in..(id as usize + 1) * n_in];
+                    let same = got.row(row).iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{label}: {name} embed row {id} differs from gguf-py's decoding");
+                }
+            }
+            eprintln!("gpu {label}, {name}: worst (NMSE, max rel) {worst:?}");
         }
     }
 }

@@ -283,26 +283,39 @@ fn have_gpu() -> bool {
     false
 }
 
-/// `--backend both` prints one row per step with the logit difference and agrees.
+/// `--backend both` prints one row per step with the logit difference and agrees: on
+/// GPT-2, and on quantized Llama GGUFs whose blocks the gpu decodes in its kernels
+/// (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) against the cpu's f32 path over the same decoded values.
 #[cfg(feature = "gpu")]
 #[test]
 fn generate_lockstep_cpu_and_gpu() {
     if !have_gpu() {
         return;
     }
-    let model = fixture("tiny-gpt2");
-    let o =
-        forge(&["generate", "-m", model.to_str().unwrap(), "Hello world", "-n", "6", "--greedy", "--backend", "both"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let rows: Vec<&str> =
-        out.lines().filter(|l| l.split('|').nth(1).is_some_and(|c| c.trim().parse::<usize>().is_ok())).collect();
-    assert_eq!(rows.len(), 6, "{out}");
-    for row in rows {
-        let diff: f32 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
-        assert!(diff < 1e-4, "{row}");
+    let models = [
+        fixture("tiny-gpt2"),
+        fixture("tiny-llama").join("tiny-llama.q4_0.gguf"),
+        fixture("tiny-llama").join("tiny-llama.q4_1.gguf"),
+        fixture("tiny-llama").join("tiny-llama.q5_0.gguf"),
+        fixture("tiny-llama-k").join("tiny-llama-k.q4_k.gguf"),
+        fixture("tiny-llama-k").join("tiny-llama-k.q5_k.gguf"),
+        fixture("tiny-llama-k").join("tiny-llama-k.q6_k.gguf"),
+    ];
+    for model in models {
+        let m = model.to_str().unwrap();
+        let o =
+            forge(&["generate", "-m", m, "Hello world", "-n", "6", "--greedy", "--ignore-eos", "--backend", "both"]);
+        assert!(o.status.success(), "{m}: {}", stderr(&o));
+        let out = stdout(&o);
+        let rows: Vec<&str> =
+            out.lines().filter(|l| l.split('|').nth(1).is_some_and(|c| c.trim().parse::<usize>().is_ok())).collect();
+        assert_eq!(rows.len(), 6, "{m}: {out}");
+        for row in rows {
+            let diff: f32 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
+            assert!(diff < 1e-4, "{m}: {row}");
+        }
+        assert!(out.contains("agree on every argmax"), "{m}: {out}");
     }
-    assert!(out.contains("agree on every argmax"), "{out}");
 }
 
 #[cfg(feature = "gpu")]

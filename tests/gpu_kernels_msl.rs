@@ -4,7 +4,7 @@
 //! kernel that could not run on Metal fails CI without a Mac.
 #![cfg(feature = "gpu")]
 
-use batch_forge::backend::gpu::kernels::{ENTRY_POINTS, kernel_sources};
+use batch_forge::backend::gpu::kernels::{ENTRY_POINTS, SUBGROUP_ENTRY_POINTS, kernel_sources};
 
 #[test]
 fn every_kernel_translates_to_msl() {
@@ -16,9 +16,14 @@ fn every_kernel_translates_to_msl() {
     );
     for (label, src) in &sources {
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
-        // Validate with the capabilities the backend requests (shader-f16 for f16 weights).
-        let caps = naga::valid::Capabilities::SHADER_FLOAT16 | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        // Validate with the capabilities the backend requests (shader-f16 for f16 weights,
+        // subgroups for the subgroup GEMV).
+        let caps = naga::valid::Capabilities::SHADER_FLOAT16
+            | naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32
+            | naga::valid::Capabilities::SUBGROUP;
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{label}: validation: {}", e.emit_to_string(src)));
         // MSL 2.4 (macOS 12 / Apple Silicon era) as wgpu's Metal backend targets.
@@ -28,8 +33,11 @@ fn every_kernel_translates_to_msl() {
             .unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
         // Every declared entry point made it into the Metal source as a kernel.
         let file = label.split(' ').next().unwrap();
-        let entries = ENTRY_POINTS.iter().find(|(f, _)| *f == file).unwrap().1;
-        for entry in entries {
+        let mut entries = ENTRY_POINTS.iter().find(|(f, _)| *f == file).unwrap().1.to_vec();
+        if label.ends_with("+subgroups") {
+            entries.push(SUBGROUP_ENTRY_POINTS.iter().find(|(f, _)| *f == file).unwrap().1);
+        }
+        for entry in &entries {
             assert!(module.entry_points.iter().any(|e| e.name == *entry), "{label}: no entry point {entry}");
             assert!(msl.contains(&format!("kernel void {entry}")), "{label}: {entry} missing from the MSL");
         }

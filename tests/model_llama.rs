@@ -592,9 +592,10 @@ fn q8_0_quantizer_equals_llama_quantize() {
     assert!(checked >= 15, "{checked} tensors");
 }
 
-/// The gpu backend runs every Llama file (quantized blocks dequantized at upload): HF's
-/// numbers stage by stage at the f32 tolerance, HF's greedy ids, and on SmolLM2 Q4_1 HF's
-/// logits within 2e-4 and its greedy ids (lavapipe in CI).
+/// The gpu backend runs every Llama file, quantized blocks resident in their GGUF formats
+/// and decoded in the kernels: HF's numbers stage by stage at the f32 tolerance, HF's
+/// greedy ids, and on SmolLM2 Q4_1 HF's logits within 2e-4 and its greedy ids, with
+/// the weights on the device no larger than the file (lavapipe in CI).
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_runs_llama_models_like_hf() {
@@ -622,6 +623,12 @@ fn gpu_runs_llama_models_like_hf() {
         .unwrap();
     let reference = Reference::open(&fixture("smollm2").join("verify.safetensors")).unwrap();
     let e = gpu(&model);
+    let (on_device, file_bytes) = (e.backend.weight_bytes(), std::fs::metadata(&model).unwrap().len());
+    eprintln!("smollm2 gpu: weights on the device {on_device} bytes, the file {file_bytes}");
+    assert!(
+        on_device <= file_bytes,
+        "smollm2 gpu: {on_device} bytes of weights on the device, the file has {file_bytes}"
+    );
     let v = run_verify(&e, &reference, 1e-4);
     assert_passes("smollm2 gpu", &v, reference.prompts.len());
     let logits = v.stages.last().unwrap();

@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Generation lengths to test (tg); 0 skips.
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
     n_gen: Vec<usize>,
+    /// Sequences decoded together in the tg tests, as llama-batched-bench's `-npl`: each
+    /// step is one forward of one row per sequence (each with its own KV cache), so
+    /// the weights are read once for all of them; t/s counts every sequence's tokens.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    npl: Vec<usize>,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     repetitions: usize,
@@ -99,6 +104,9 @@ fn cpu_info() -> String {
 }
 
 /// The tests to run, in order: ("pp", n) for each prompt length, then ("tg", n).
+/// Most sequences one `--npl` test decodes together.
+const MAX_SEQS: usize = 256;
+
 fn tests(args: &BenchArgs) -> Vec<(&'static str, usize)> {
     let pp = args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| ("pp", n));
     pp.chain(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| ("tg", n))).collect()
@@ -106,6 +114,10 @@ fn tests(args: &BenchArgs) -> Vec<(&'static str, usize)> {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.repetitions > 0, "-r must be at least 1");
+    anyhow::ensure!(
+        args.npl.iter().all(|&b| (1..=MAX_SEQS).contains(&b)),
+        "--npl: each count of sequences must be 1 to {MAX_SEQS}"
+    );
     super::check_threads(&args.threads)?;
     args.backend.validate("bench")?;
     if args.memory || args.flops {
@@ -148,9 +160,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     .to_owned();
     let bytes_per_param = if dtype == "f32" { 4 } else { 2 };
-    // A GGUF whose blocks the cpu backend keeps quantized: its type and bytes, as llama-bench shows them.
+    // A GGUF whose blocks the cpu and gpu backends keep quantized: its type and bytes, as
+    // llama-bench shows them.
     let mut file_bytes = None;
-    if let (Source::Path(path), BackendChoice::Cpu, DtypeChoice::Auto) =
+    if let (Source::Path(path), BackendChoice::Cpu | BackendChoice::Gpu, DtypeChoice::Auto) =
         (&source, args.backend.backend, args.backend.dtype)
         && let Some((ty, bytes)) = quantized_summary(path)?
     {
@@ -169,7 +182,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
 }
 
-/// For a GGUF with block-quantized matrices (which the cpu backend keeps quantized): the
+/// For a GGUF with block-quantized matrices (which the cpu and gpu backends keep quantized): the
 /// type holding most of its bytes (`q4_1`) and the bytes of all its tensors.
 pub(super) fn quantized_summary(path: &std::path::Path) -> anyhow::Result<Option<(String, usize)>> {
     use batch_forge::loaders::gguf::{GgmlType, GgufFile};
@@ -227,14 +240,25 @@ struct Row<'a> {
     threads: Option<usize>,
     kind: &'static str,
     n: usize,
+    /// Sequences decoded together (tg; 1 for pp).
+    seqs: usize,
     /// Seconds of each repetition.
     samples: Vec<f64>,
 }
 
 impl Row<'_> {
+    /// `pp512`, `tg128`, or `tg128 x16` for 16 sequences decoded together.
+    fn test(&self) -> String {
+        if self.seqs > 1 {
+            format!("{}{} x{}", self.kind, self.n, self.seqs)
+        } else {
+            format!("{}{}", self.kind, self.n)
+        }
+    }
+
     fn json(&self) -> serde_json::Value {
         let ns: Vec<u64> = self.samples.iter().map(|s| (s * 1e9).round() as u64).collect();
-        let ts: Vec<f64> = self.samples.iter().map(|s| self.n as f64 / s).collect();
+        let ts: Vec<f64> = self.samples.iter().map(|s| (self.n * self.seqs) as f64 / s).collect();
         let (avg_ns, sd_ns) = mean_sd(&self.samples.iter().map(|s| s * 1e9).collect::<Vec<_>>());
         let (avg_ts, sd_ts) = mean_sd(&ts);
         serde_json::json!({
@@ -250,7 +274,8 @@ impl Row<'_> {
             "n_threads": self.threads,
             "n_prompt": if self.kind == "pp" { self.n } else { 0 },
             "n_gen": if self.kind == "tg" { self.n } else { 0 },
-            "test": format!("{}{}", self.kind, self.n),
+            "n_seqs": self.seqs,
+            "test": self.test(),
             "avg_ns": avg_ns.round() as u64,
             "stddev_ns": sd_ns.round() as u64,
             "avg_ts": avg_ts,
@@ -311,14 +336,13 @@ impl Printer {
                     (v["avg_ts"].as_f64().unwrap_or(f64::NAN), v["stddev_ts"].as_f64().unwrap_or(f64::NAN));
                 let t = row.threads.map_or("-".to_owned(), |t| t.to_string());
                 super::outln!(
-                    "| {} | {:.2} GiB | {:.1} M | {} | {} | {t} | {}{} | {mean:.2} ± {sd:.2} |",
+                    "| {} | {:.2} GiB | {:.1} M | {} | {} | {t} | {} | {mean:.2} ± {sd:.2} |",
                     row.info.label,
                     row.info.size_bytes as f64 / (1u64 << 30) as f64,
                     row.n_params as f64 / 1e6,
                     row.backend,
                     row.info.dtype,
-                    row.kind,
-                    row.n
+                    row.test()
                 );
             }
             OutputFormat::Json => {
@@ -377,12 +401,12 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
     let vocab = model.info().vocab_size as u64;
     for &t in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(t).build()?;
-        for (kind, n) in tests(args) {
-            let tokens: Vec<u32> = (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+        for (kind, n, seqs) in runs(args) {
+            let tokens: Vec<u32> = (0..n.max(seqs)).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut samples = Vec::new();
-            // One KV cache per test, reused by every repetition (each starts again at
-            // position 0), as a server reuses its caches and llama-bench its context.
-            let mut cache = model.new_cache(&backend, n)?;
+            // One KV cache per sequence and test, reused by every repetition (each starts
+            // again at position 0), as a server reuses its caches and llama-bench its context.
+            let mut caches = (0..seqs).map(|_| model.new_cache(&backend, n)).collect::<anyhow::Result<Vec<_>>>()?;
             for rep in 0..=args.repetitions {
                 let seconds = pool
                     .install(|| -> anyhow::Result<f64> {
@@ -391,12 +415,12 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                             let seqs = [SeqSlice { rows: 0..n, start_pos: 0 }];
                             let logits = model.forward(
                                 &backend,
-                                &Batch { tokens: &tokens, seqs: &seqs },
-                                &mut [&mut cache],
+                                &Batch { tokens: &tokens[..n], seqs: &seqs },
+                                &mut [&mut caches[0]],
                                 LogitRows::LastOfEachSeq,
                             )?;
                             backend.read(&logits)?;
-                        } else {
+                        } else if seqs == 1 {
                             let mut next = tokens[0];
                             // Greedy, on the device when the backend can (as generate does).
                             let mut picker = TokenPicker::new(SamplingParams::greedy())?;
@@ -405,10 +429,31 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                                 let logits = model.forward(
                                     &backend,
                                     &Batch { tokens: &[next], seqs: &seqs },
-                                    &mut [&mut cache],
+                                    &mut [&mut caches[0]],
                                     LogitRows::LastOfEachSeq,
                                 )?;
                                 next = picker.pick(&backend, &logits, pos, pos)?;
+                            }
+                        } else {
+                            // `seqs` sequences, one row each per step, greedy on each row.
+                            let mut next = tokens[..seqs].to_vec();
+                            let mut host = batch_forge::backend::HostMatrix::zeros(0, 0);
+                            for pos in 0..n {
+                                let rows: Vec<SeqSlice> =
+                                    (0..seqs).map(|i| SeqSlice { rows: i..i + 1, start_pos: pos }).collect();
+                                let mut refs: Vec<_> = caches.iter_mut().collect();
+                                let logits = model.forward(
+                                    &backend,
+                                    &Batch { tokens: &next, seqs: &rows },
+                                    &mut refs,
+                                    LogitRows::LastOfEachSeq,
+                                )?;
+                                if !backend.argmax_rows(&logits, &mut next)? {
+                                    backend.to_host(&logits, &mut host)?;
+                                    next = (0..seqs).map(|r| argmax(host.row(r))).collect();
+                                }
+                                // A non-finite row's marker is no token: keep decoding from 0.
+                                next.iter_mut().filter(|t| u64::from(**t) >= vocab).for_each(|t| *t = 0);
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())
@@ -419,10 +464,43 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                 }
             }
             let threads = (!on_gpu).then_some(t);
-            printer.row(&Row { info, n_params, backend: backend.name().to_owned(), threads, kind, n, samples })?;
+            printer.row(&Row {
+                info,
+                n_params,
+                backend: backend.name().to_owned(),
+                threads,
+                kind,
+                n,
+                seqs,
+                samples,
+            })?;
         }
     }
     printer.end()
+}
+
+/// Each test with its sequence count: pp once, tg once per `--npl` value.
+fn runs(args: &BenchArgs) -> Vec<(&'static str, usize, usize)> {
+    let mut out = Vec::new();
+    for (kind, n) in tests(args) {
+        if kind == "pp" {
+            out.push((kind, n, 1));
+        } else {
+            out.extend(args.npl.iter().map(|&b| (kind, n, b)));
+        }
+    }
+    out
+}
+
+/// The index of the largest value (the lowest on ties; NaN never wins).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] || row[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// `rate()` run `repetitions` times after one warm-up run: (median, best).

@@ -326,7 +326,10 @@ fn announce_seed(sampling: &SamplingParams) {
 
 /// `--backend both`: the cpu and gpu backends step together on the same tokens (the
 /// cpu's choices). Each step prints the max |logit difference| and both argmaxes; the
-/// first step whose argmax differs ends the run with an error naming it.
+/// first step whose argmax differs ends the run with an error naming it. Without
+/// `--dtype`, the cpu side computes in f32 from the very values the gpu holds (a GGUF's
+/// blocks decoded exactly, 16-bit weights widened): the reference path for the gpu's
+/// in-register decoding, not the cpu's own 8-bit-activation quantized kernels.
 #[cfg(feature = "gpu")]
 fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     use batch_forge::backend::cpu::CpuBackend;
@@ -334,7 +337,9 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     use batch_forge::engine::lockstep::lockstep;
 
     let dir = super::model_dir(&args.model, true, "generate")?;
-    let cpu = Engine::load(CpuBackend::new(args.backend.cpu_options()?)?, &dir)?;
+    let mut cpu_options = args.backend.cpu_options()?;
+    cpu_options.weight_dtype.get_or_insert(batch_forge::backend::WeightDtype::F32);
+    let cpu = Engine::load(CpuBackend::new(cpu_options)?, &dir)?;
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
     super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();

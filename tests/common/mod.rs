@@ -272,6 +272,17 @@ pub fn gpu_f16_or_skip(b: &batch_forge::backend::gpu::GpuBackend, what: &str) ->
     false
 }
 
+/// Whether the subgroup GEMV can run here; a loud skip when the adapter has no subgroups.
+#[cfg(feature = "gpu")]
+#[allow(dead_code)]
+pub fn gpu_subgroups_or_skip(b: &batch_forge::backend::gpu::GpuBackend, what: &str) -> bool {
+    if b.has_subgroups() {
+        return true;
+    }
+    eprintln!("\n*** SKIPPED {what}: {} has no subgroups ***\n", b.description());
+    false
+}
+
 /// Rewrite `wpe.weight` row `pos` of a copied checkpoint to NaN.
 pub fn poison_position_embedding(dir: &std::path::Path, pos: usize) {
     use batch_forge::loaders::safetensors::serialize;

@@ -34,9 +34,14 @@ pub fn describe(index: usize, a: &wgpu::Adapter) -> String {
     let info = a.get_info();
     let limits = a.limits();
     let f16 = a.features().contains(wgpu::Features::SHADER_F16);
+    let subgroups = if a.features().contains(wgpu::Features::SUBGROUP) {
+        format!("{}..{} lanes", info.subgroup_min_size, info.subgroup_max_size)
+    } else {
+        "none".to_owned()
+    };
     format!(
         "[{index}] {name} — {backend:?}, {kind:?}, driver {driver} {driver_info}\n    \
-         shader-f16: {f16}, max storage binding: {bind} MiB, max buffer: {buf} MiB, \
+         shader-f16: {f16}, subgroups: {subgroups}, max storage binding: {bind} MiB, max buffer: {buf} MiB, \
          workgroup memory: {wgm} KiB, max invocations/workgroup: {inv}",
         name = info.name,
         backend = info.backend,
@@ -81,10 +86,21 @@ pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> anyhow::Result<wgpu::Adapter
 }
 
 /// Request a device with the adapter's own limits (the defaults cap storage bindings
-/// below what GPT-2's tables need) and shader-f16 when asked for and available.
-pub fn request_device(adapter: &wgpu::Adapter, want_f16: bool) -> anyhow::Result<(wgpu::Device, wgpu::Queue, bool)> {
+/// below what GPT-2's tables need), shader-f16 when asked for and available, and
+/// subgroups when available. Returns (device, queue, f16, subgroups).
+pub fn request_device(
+    adapter: &wgpu::Adapter,
+    want_f16: bool,
+) -> anyhow::Result<(wgpu::Device, wgpu::Queue, bool, bool)> {
     let f16 = want_f16 && adapter.features().contains(wgpu::Features::SHADER_F16);
-    let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+    let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
+    let mut features = wgpu::Features::empty();
+    if f16 {
+        features |= wgpu::Features::SHADER_F16;
+    }
+    if subgroups {
+        features |= wgpu::Features::SUBGROUP;
+    }
     let desc = wgpu::DeviceDescriptor {
         label: Some("batch_forge"),
         required_features: features,
@@ -95,5 +111,5 @@ pub fn request_device(adapter: &wgpu::Adapter, want_f16: bool) -> anyhow::Result
     };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc))
         .with_context(|| format!("could not open GPU device {}", adapter.get_info().name))?;
-    Ok((device, queue, f16))
+    Ok((device, queue, f16, subgroups))
 }

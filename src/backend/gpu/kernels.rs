@@ -4,8 +4,16 @@
 //! is a header (`enable f16;` and `alias W = f16; alias KV = f16;` for 16-bit weights
 //! and KV cache, the f32 aliases otherwise), then `common.wgsl`, then the file. [`kernel_sources`] lists every
 //! variant the backend can compile, so the naga MSL test checks exactly what runs.
+//!
+//! Block-quantized weights have their own files (`qmatmul.wgsl`, `qembed.wgsl`), each
+//! compiled once per GGUF block format ([`QUANT_FORMATS`]) on first use: the header then
+//! names the block size, the block bytes and the format's decoder from `quant.wgsl`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
+
+use crate::loaders::gguf::GgmlType;
 
 /// (file name, source) of each kernel family.
 const FILES: [(&str, &str); 6] = [
@@ -23,33 +31,99 @@ const REDUCE: &str = include_str!("kernels/reduce.wgsl");
 const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 
 /// The entry points of each file.
-pub const ENTRY_POINTS: [(&str, &[&str]); 6] = [
+pub const ENTRY_POINTS: [(&str, &[&str]); 8] = [
     ("elementwise.wgsl", &["add", "gelu", "swiglu"]),
     ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm"]),
     ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
     ("embed.wgsl", &["embed"]),
     ("argmax.wgsl", &["argmax"]),
+    ("qmatmul.wgsl", &["qmatmul", "qgemv", "qgemv_thread"]),
+    ("qembed.wgsl", &["qembed"]),
 ];
 
+/// The block formats the quantized kernels decode in place, with each one's decoder in
+/// `quant.wgsl` (`deq4_<name>`).
+pub const QUANT_FORMATS: [(GgmlType, &str); 8] = [
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q4K, "q4_k"),
+    (GgmlType::Q5K, "q5_k"),
+    (GgmlType::Q6K, "q6_k"),
+];
+
+/// (file name, source) of each quantized kernel family.
+const QUANT_FILES: [(&str, &str); 2] =
+    [("qmatmul.wgsl", include_str!("kernels/qmatmul.wgsl")), ("qembed.wgsl", include_str!("kernels/qembed.wgsl"))];
+const QUANT: &str = include_str!("kernels/quant.wgsl");
+
+/// The subgroup GEMV (`gemv_sg.wgsl`), appended to the GEMV files under these entry
+/// names when the adapter has subgroups.
+pub const SUBGROUP_ENTRY_POINTS: [(&str, &str); 2] = [("matmul.wgsl", "gemv_sg"), ("qmatmul.wgsl", "qgemv_sg")];
+const GEMV_SG: &str = include_str!("kernels/gemv_sg.wgsl");
+
+/// `body`, with the subgroup GEMV appended when `subgroups` and `file` has one, and the
+/// directive that enables it (none: naga takes subgroup built-ins from wgpu's device
+/// feature and rejects WGSL's `enable subgroups;` for now).
+fn with_subgroups(file: &str, body: &str, subgroups: bool) -> (String, &'static str) {
+    match SUBGROUP_ENTRY_POINTS.iter().find(|(f, _)| *f == file) {
+        Some((_, entry)) if subgroups => (format!("{body}\n{}", GEMV_SG.replace("SG_ENTRY", entry)), ""),
+        _ => (body.to_owned(), ""),
+    }
+}
+
+/// The full source of quantized kernel `file` for blocks of `ty` (with the subgroup
+/// GEMV when `subgroups`).
+pub fn quant_source(file: &str, ty: GgmlType, subgroups: bool) -> Option<String> {
+    let body = QUANT_FILES.iter().find(|(name, _)| *name == file)?.1;
+    let name = QUANT_FORMATS.iter().find(|(t, _)| *t == ty)?.1;
+    let (body, enable) = with_subgroups(file, body, subgroups);
+    let header = format!(
+        "{enable}const QK: u32 = {}u;\nconst TS: u32 = {}u;\nfn deq4(b: u32, j: u32) -> vec4<f32> {{\n    return deq4_{name}(b, j);\n}}\n",
+        ty.block_size(),
+        ty.type_size()
+    );
+    Some(format!("{header}\n{COMMON}\n{QUANT}\n{body}"))
+}
+
 /// The full source of kernel `file` with weights and KV cache of type f16 (`f16 = true`)
-/// or f32.
-pub fn source(file: &str, f16: bool) -> Option<String> {
+/// or f32 (with the subgroup GEMV when `subgroups`).
+pub fn source(file: &str, f16: bool, subgroups: bool) -> Option<String> {
     let body = FILES.iter().find(|(name, _)| *name == file)?.1;
-    let header =
+    let (body, enable) = with_subgroups(file, body, subgroups);
+    let types =
         if f16 { "enable f16;\nalias W = f16;\nalias KV = f16;\n" } else { "alias W = f32;\nalias KV = f32;\n" };
+    let header = format!("{enable}{types}");
     let reduce = if USES_REDUCE.contains(&file) { REDUCE } else { "" };
     Some(format!("{header}\n{COMMON}\n{reduce}\n{body}"))
 }
 
-/// Every (label, source) the backend may compile: each file in f32, and the files that
-/// read weights or the KV cache again in f16.
+/// Every (label, source) the backend may compile: each file in f32, the files that read
+/// weights or the KV cache again in f16, the quantized files per block format, and the
+/// GEMV files again with subgroups (labels end in `+subgroups`).
 pub fn kernel_sources() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for (file, _) in FILES {
-        out.push((format!("{file} (f32)"), source(file, false).expect("listed")));
-        if F16_FILES.contains(&file) {
-            out.push((format!("{file} (f16)"), source(file, true).expect("listed")));
+    for subgroups in [false, true] {
+        let sg = if subgroups { " +subgroups" } else { "" };
+        for (file, _) in FILES {
+            if subgroups && !SUBGROUP_ENTRY_POINTS.iter().any(|(f, _)| *f == file) {
+                continue;
+            }
+            out.push((format!("{file} (f32){sg}"), source(file, false, subgroups).expect("listed")));
+            if F16_FILES.contains(&file) {
+                out.push((format!("{file} (f16){sg}"), source(file, true, subgroups).expect("listed")));
+            }
+        }
+        for (file, _) in QUANT_FILES {
+            if subgroups && !SUBGROUP_ENTRY_POINTS.iter().any(|(f, _)| *f == file) {
+                continue;
+            }
+            for (ty, name) in QUANT_FORMATS {
+                out.push((format!("{file} ({name}){sg}"), quant_source(file, ty, subgroups).expect("listed")));
+            }
         }
     }
     out
@@ -78,10 +152,12 @@ fn slots(entry: &str) -> &'static [(u32, Slot)] {
         "add_rms_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (5, ReadWrite)],
         "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
         "add_layer_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (4, Read), (5, ReadWrite)],
-        "matmul" | "gemv" | "gemv_thread" => &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)],
+        "matmul" | "gemv" | "gemv_thread" | "gemv_sg" | "qmatmul" | "qgemv" | "qgemv_thread" | "qgemv_sg" => {
+            &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)]
+        }
         "kv_store" => &[(1, Read), (2, ReadWrite), (4, Read)],
         "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite), (4, Read)],
-        "embed" => &[(1, Read), (2, Read), (3, ReadWrite)],
+        "embed" | "qembed" => &[(1, Read), (2, Read), (3, ReadWrite)],
         "argmax" => &[(1, Read), (2, ReadWrite)],
         _ => &[],
     }
@@ -107,6 +183,8 @@ pub struct Kernels {
     pub matmul: Kernel,
     pub gemv: Kernel,
     pub gemv_thread: Kernel,
+    /// With subgroups only.
+    pub gemv_sg: Option<Kernel>,
     pub kv_store: Kernel,
     pub attend: Kernel,
     pub embed: Kernel,
@@ -114,71 +192,112 @@ pub struct Kernels {
     pub matmul_f16: Option<Kernel>,
     pub gemv_f16: Option<Kernel>,
     pub gemv_thread_f16: Option<Kernel>,
+    pub gemv_sg_f16: Option<Kernel>,
     pub embed_f16: Option<Kernel>,
     pub kv_store_f16: Option<Kernel>,
     pub attend_f16: Option<Kernel>,
 }
 
+/// Distinguishes kernels in the bind-group cache (quantized kernels are built later
+/// than the rest, so the ids come from one counter).
+static NEXT_KERNEL_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Compile one WGSL module; shader errors are caught in an error scope and returned,
+/// naming the kernel, instead of reaching wgpu's panicking default handler.
+fn compile_module(device: &wgpu::Device, label: &str, src: String) -> anyhow::Result<wgpu::ShaderModule> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        anyhow::bail!("kernel {label} failed to compile: {e}");
+    }
+    Ok(m)
+}
+
+/// The pipeline of `entry` in `m`, with its bind-group layout from [`slots`].
+fn build_kernel(device: &wgpu::Device, m: &wgpu::ShaderModule, entry: &str) -> anyhow::Result<Kernel> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mut entries = vec![wgpu::BindGroupLayoutEntry {
+        binding: 0,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Uniform,
+            has_dynamic_offset: true,
+            min_binding_size: None,
+        },
+        count: None,
+    }];
+    entries.extend(slots(entry).iter().map(|&(binding, slot)| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only: matches!(slot, Slot::Read) },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }));
+    let layout =
+        device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(entry), entries: &entries });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(entry),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: Some(&pipeline_layout),
+        module: m,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        anyhow::bail!("kernel {entry} failed to build: {e}");
+    }
+    Ok(Kernel { pipeline, layout, id: NEXT_KERNEL_ID.fetch_add(1, Ordering::Relaxed) })
+}
+
+/// The kernels for weights in one GGUF block format, read in place.
+pub struct QuantKernels {
+    pub ty: GgmlType,
+    pub matmul: Kernel,
+    pub gemv: Kernel,
+    pub gemv_thread: Kernel,
+    /// With subgroups only.
+    pub gemv_sg: Option<Kernel>,
+    pub embed: Kernel,
+}
+
+impl QuantKernels {
+    /// Compile the kernels for blocks of `ty` (one of [`QUANT_FORMATS`]).
+    pub fn compile(device: &wgpu::Device, ty: GgmlType, subgroups: bool) -> anyhow::Result<Self> {
+        let module = |file: &str| -> anyhow::Result<wgpu::ShaderModule> {
+            let src = quant_source(file, ty, subgroups)
+                .with_context(|| format!("no GPU kernels for {} blocks", ty.name()))?;
+            compile_module(device, &format!("{file} ({})", ty.name()), src)
+        };
+        let (mm, embed) = (module("qmatmul.wgsl")?, module("qembed.wgsl")?);
+        Ok(QuantKernels {
+            ty,
+            matmul: build_kernel(device, &mm, "qmatmul")?,
+            gemv: build_kernel(device, &mm, "qgemv")?,
+            gemv_thread: build_kernel(device, &mm, "qgemv_thread")?,
+            gemv_sg: subgroups.then(|| build_kernel(device, &mm, "qgemv_sg")).transpose()?,
+            embed: build_kernel(device, &embed, "qembed")?,
+        })
+    }
+}
+
 impl Kernels {
-    /// Compile every kernel. Shader and pipeline errors are caught in an error scope and
-    /// returned, naming the kernel, instead of reaching wgpu's panicking default handler.
-    pub fn compile(device: &wgpu::Device, f16: bool) -> anyhow::Result<Self> {
+    /// Compile every kernel (errors name the kernel; see [`compile_module`]).
+    pub fn compile(device: &wgpu::Device, f16: bool, subgroups: bool) -> anyhow::Result<Self> {
         let module = |file: &str, f16: bool| -> anyhow::Result<wgpu::ShaderModule> {
-            let src = source(file, f16).context("unknown kernel file")?;
-            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(file),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                anyhow::bail!("kernel {file} failed to compile: {e}");
-            }
-            Ok(m)
+            compile_module(device, file, source(file, f16, subgroups).context("unknown kernel file")?)
         };
-        let next_id = std::cell::Cell::new(0);
-        let kernel = |m: &wgpu::ShaderModule, entry: &str| -> anyhow::Result<Kernel> {
-            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let mut entries = vec![wgpu::BindGroupLayoutEntry {
-                binding: 0,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Uniform,
-                    has_dynamic_offset: true,
-                    min_binding_size: None,
-                },
-                count: None,
-            }];
-            entries.extend(slots(entry).iter().map(|&(binding, slot)| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage { read_only: matches!(slot, Slot::Read) },
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
-            }));
-            let layout = device
-                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(entry), entries: &entries });
-            let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(entry),
-                bind_group_layouts: &[Some(&layout)],
-                immediate_size: 0,
-            });
-            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pipeline_layout),
-                module: m,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            });
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                anyhow::bail!("kernel {entry} failed to build: {e}");
-            }
-            next_id.set(next_id.get() + 1);
-            Ok(Kernel { pipeline, layout, id: next_id.get() })
-        };
+        let kernel = |m: &wgpu::ShaderModule, entry: &str| build_kernel(device, m, entry);
         let elementwise = module("elementwise.wgsl", false)?;
         let ln = module("layer_norm.wgsl", false)?;
         let mm = module("matmul.wgsl", false)?;
@@ -209,6 +328,7 @@ impl Kernels {
             matmul: kernel(&mm, "matmul")?,
             gemv: kernel(&mm, "gemv")?,
             gemv_thread: kernel(&mm, "gemv_thread")?,
+            gemv_sg: subgroups.then(|| kernel(&mm, "gemv_sg")).transpose()?,
             kv_store: kernel(&attn, "kv_store")?,
             attend: kernel(&attn, "attend")?,
             embed: kernel(&embed, "embed")?,
@@ -216,6 +336,7 @@ impl Kernels {
             matmul_f16: f16_kernel(&mm16, "matmul")?,
             gemv_f16: f16_kernel(&mm16, "gemv")?,
             gemv_thread_f16: f16_kernel(&mm16, "gemv_thread")?,
+            gemv_sg_f16: if subgroups { f16_kernel(&mm16, "gemv_sg")? } else { None },
             embed_f16: f16_kernel(&embed16, "embed")?,
             kv_store_f16: f16_kernel(&attn16, "kv_store")?,
             attend_f16: f16_kernel(&attn16, "attend")?,

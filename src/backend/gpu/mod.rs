@@ -30,8 +30,9 @@ use super::WeightDtype;
 use super::{
     AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice, check_attention,
 };
+use crate::loaders::gguf::GgmlType;
 use crate::loaders::safetensors::{Dtype, TensorView};
-use kernels::{Kernel, Kernels};
+use kernels::{Kernel, Kernels, QuantKernels};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GpuOptions {
@@ -55,16 +56,20 @@ pub struct GpuOptions {
 /// the models here, even on a software adapter, yet a hung driver ends in an error.
 pub const DEFAULT_POLL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// The two decode GEMV kernels (see matmul.wgsl); the parity tests run both.
+/// The decode GEMV kernels (see matmul.wgsl and gemv_sg.wgsl); the parity tests run each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemvKernel {
-    /// `Thread` on CPU-type adapters (lavapipe), `Cooperative` on GPUs.
+    /// `Thread` on CPU-type adapters (lavapipe); on GPUs `Subgroup` where the adapter has
+    /// subgroups, else `Cooperative`.
     #[default]
     Auto,
     /// 32 invocations per output column, coalesced reads, reduction in workgroup memory.
     Cooperative,
     /// One invocation per output column.
     Thread,
+    /// A subgroup per output column, reduced with `subgroupAdd` (needs wgpu's subgroup
+    /// feature).
+    Subgroup,
 }
 
 /// Decode-sized batches (at most this many rows) use the GEMV kernel.
@@ -80,7 +85,10 @@ pub struct GpuBackend {
     max_binding: u64,
     max_groups: u32,
     f16: bool,
-    gemv_thread: bool,
+    /// The decode GEMV in use (never `Auto`).
+    gemv: GemvKernel,
+    /// Output columns per workgroup of the subgroup GEMV: 256 / the smallest subgroup.
+    sg_cols: u32,
     opts: GpuOptions,
     /// How long a read-back waits for the device.
     poll_timeout: std::time::Duration,
@@ -91,6 +99,12 @@ pub struct GpuBackend {
     dummy: wgpu::Buffer,
     /// RoPE cos/sin tables by (θ bits, head_dim): the largest capacity built so far.
     rope_tables: Mutex<Vec<(u32, usize, usize, wgpu::Buffer)>>,
+    /// Kernels for block-quantized weights, compiled per format on first use.
+    quant_kernels: Mutex<HashMap<GgmlType, Arc<QuantKernels>>>,
+    /// The device was opened with wgpu's subgroup feature.
+    subgroups: bool,
+    /// Bytes of weights (matrices and vectors) uploaded so far.
+    weight_bytes: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
     bind_groups: Arc<BindCache>,
     pool: Arc<Pool>,
@@ -165,7 +179,7 @@ impl GpuBackend {
         Self::check_options(&opts)?;
         let info = adapter.get_info();
         let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_f16;
-        let (device, queue, f16) = device::request_device(adapter, want_f16)?;
+        let (device, queue, f16, subgroups) = device::request_device(adapter, want_f16)?;
         ensure!(f16 || !opts.kv_f16, "--kv-dtype f16 needs shader-f16, which {} does not have", info.name);
         let errors: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = errors.clone();
@@ -174,7 +188,7 @@ impl GpuBackend {
             slot.get_or_insert_with(|| e.to_string());
         }));
         let limits = device.limits();
-        let kernels = Kernels::compile(&device, f16)?;
+        let kernels = Kernels::compile(&device, f16, subgroups)?;
         // Slots are aligned for both uniform (parameters) and storage (token ids) bindings.
         let param_slot = u64::from(limits.min_uniform_buffer_offset_alignment)
             .max(u64::from(limits.min_storage_buffer_offset_alignment))
@@ -204,16 +218,24 @@ impl GpuBackend {
                 Err(_) => DEFAULT_POLL_TIMEOUT,
             },
         };
-        let gemv_thread = match opts.gemv {
-            GemvKernel::Auto => info.device_type == wgpu::DeviceType::Cpu,
-            GemvKernel::Cooperative => false,
-            GemvKernel::Thread => true,
+        let gemv = match opts.gemv {
+            GemvKernel::Auto if info.device_type == wgpu::DeviceType::Cpu => GemvKernel::Thread,
+            GemvKernel::Auto if subgroups => GemvKernel::Subgroup,
+            GemvKernel::Auto => GemvKernel::Cooperative,
+            GemvKernel::Subgroup => {
+                ensure!(subgroups, "the subgroup GEMV needs subgroups, which {} does not have", info.name);
+                GemvKernel::Subgroup
+            }
+            other => other,
         };
+        let sg_cols = (256 / info.subgroup_min_size.clamp(1, 256)).max(1);
         let backend = GpuBackend {
             adapter_f16: adapter.features().contains(wgpu::Features::SHADER_F16),
             poll_timeout,
             info,
-            gemv_thread,
+            gemv,
+            sg_cols,
+            subgroups,
             max_binding,
             max_groups: limits.max_compute_workgroups_per_dimension,
             f16,
@@ -223,6 +245,8 @@ impl GpuBackend {
             param_slot,
             dummy,
             rope_tables: Mutex::default(),
+            quant_kernels: Mutex::default(),
+            weight_bytes: Default::default(),
             state: Mutex::default(),
             bind_groups: Arc::default(),
             pool: Arc::new(Pool { device: device.clone(), free: Mutex::default() }),
@@ -236,8 +260,15 @@ impl GpuBackend {
 
     /// Adapter, API and weight storage, for logs and `forge bench`.
     pub fn description(&self) -> String {
-        let gemv = if self.gemv_thread { "thread" } else { "cooperative" };
-        format!("{} ({:?}, shader-f16: {}, gemv: {gemv})", self.info.name, self.info.backend, self.f16)
+        let gemv = match self.gemv {
+            GemvKernel::Thread => "thread",
+            GemvKernel::Subgroup => "subgroup",
+            _ => "cooperative",
+        };
+        format!(
+            "{} ({:?}, shader-f16: {}, subgroups: {}, gemv: {gemv})",
+            self.info.name, self.info.backend, self.f16, self.subgroups
+        )
     }
 
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
@@ -256,6 +287,23 @@ impl GpuBackend {
     }
 
     /// The largest storage binding the device allows, in bytes.
+    /// Device memory taken by the weights loaded so far (matrices and vectors).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A device buffer holding weights (counted in [`Self::weight_bytes`]).
+    fn weight_buffer(&self, bytes: &[u8]) -> wgpu::Buffer {
+        let buf = self.init_buffer(bytes, wgpu::BufferUsages::STORAGE);
+        self.weight_bytes.fetch_add(buf.size(), std::sync::atomic::Ordering::Relaxed);
+        buf
+    }
+
+    /// Whether the device was opened with subgroups (the subgroup GEMV can run).
+    pub fn has_subgroups(&self) -> bool {
+        self.subgroups
+    }
+
     pub fn max_binding_bytes(&self) -> u64 {
         self.max_binding
     }
@@ -439,10 +487,29 @@ impl GpuBackend {
         }
     }
 
-    /// (matmul, gemv, embed) kernels for weights of `dtype`.
-    fn weight_kernels(&self, dtype: WeightDtype) -> (&Kernel, &Kernel, &Kernel) {
+    /// The kernels for `ty` blocks, compiled on first use.
+    fn quant_kernels(&self, ty: GgmlType) -> anyhow::Result<Arc<QuantKernels>> {
+        let mut all = self.quant_kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = all.get(&ty) {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(QuantKernels::compile(&self.device, ty, self.subgroups)?);
+        all.insert(ty, k.clone());
+        Ok(k)
+    }
+
+    /// (matmul, gemv, embed) kernels for the weights of `m`.
+    fn weight_kernels<'a>(&'a self, m: &'a GpuMatrix) -> (&'a Kernel, &'a Kernel, &'a Kernel) {
+        if let Some(q) = &m.quant {
+            let gemv = match self.gemv {
+                GemvKernel::Thread => &q.gemv_thread,
+                GemvKernel::Subgroup => q.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
+                _ => &q.gemv,
+            };
+            return (&q.matmul, gemv, &q.embed);
+        }
         let k = &self.kernels;
-        let f16 = dtype == WeightDtype::F16;
+        let f16 = m.dtype == WeightDtype::F16;
         let (matmul, embed) = if f16 {
             (
                 k.matmul_f16.as_ref().expect("f16 weights imply shader-f16"),
@@ -451,11 +518,13 @@ impl GpuBackend {
         } else {
             (&k.matmul, &k.embed)
         };
-        let gemv = match (f16, self.gemv_thread) {
-            (false, false) => &k.gemv,
-            (false, true) => &k.gemv_thread,
-            (true, false) => k.gemv_f16.as_ref().expect("f16 weights imply shader-f16"),
-            (true, true) => k.gemv_thread_f16.as_ref().expect("f16 weights imply shader-f16"),
+        let gemv = match (f16, self.gemv) {
+            (false, GemvKernel::Thread) => &k.gemv_thread,
+            (false, GemvKernel::Subgroup) => k.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
+            (false, _) => &k.gemv,
+            (true, GemvKernel::Thread) => k.gemv_thread_f16.as_ref().expect("f16 weights imply shader-f16"),
+            (true, GemvKernel::Subgroup) => k.gemv_sg_f16.as_ref().expect("f16 and subgroups"),
+            (true, _) => k.gemv_f16.as_ref().expect("f16 weights imply shader-f16"),
         };
         (matmul, gemv, embed)
     }
@@ -470,19 +539,24 @@ impl GpuBackend {
         if m == 0 || n == 0 {
             return out;
         }
-        let (matmul, gemv, _) = self.weight_kernels(w.dtype);
+        let (matmul, gemv, _) = self.weight_kernels(w);
         let bias_b = self.bias_binding(bias);
         let flags = [u32::from(bias.is_some()), u32::from(gelu)];
         if m <= GEMV_MAX_ROWS && !self.opts.batch_invariant {
             for c in &w.chunks {
-                let params = [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
+                let params =
+                    [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], self.sg_cols];
                 let bindings = [
                     (1, x.binding()),
                     (2, c.buffer.as_entire_buffer_binding()),
                     (3, bias_b.clone()),
                     (4, out.binding()),
                 ];
-                let per_group = if self.gemv_thread { 64 } else { 8 };
+                let per_group = match self.gemv {
+                    GemvKernel::Thread => 64,
+                    GemvKernel::Subgroup => self.sg_cols as usize,
+                    _ => 8,
+                };
                 self.dispatch(gemv, &params, &bindings, self.grid(c.rows.div_ceil(per_group)), None);
             }
             return out;
@@ -577,8 +651,23 @@ impl GpuAct {
 pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
+    /// The element type of dense weights (f32 for quantized ones: what they decode to).
     pub dtype: WeightDtype,
+    /// Block-quantized weights: the format's kernels; the chunks hold the file's blocks.
+    quant: Option<Arc<QuantKernels>>,
     chunks: Vec<Chunk>,
+}
+
+impl GpuMatrix {
+    /// The GGUF block format the weights stay in on the device, if quantized.
+    pub fn quant_type(&self) -> Option<GgmlType> {
+        self.quant.as_ref().map(|q| q.ty)
+    }
+
+    /// Bytes of device memory the weights occupy.
+    pub fn device_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.buffer.size()).sum()
+    }
 }
 
 struct Chunk {
@@ -671,16 +760,60 @@ impl Backend for GpuBackend {
                 WeightDtype::F16 => part.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect(),
                 _ => part.iter().flat_map(|&v| v.to_le_bytes()).collect(),
             };
-            chunks.push(Chunk { buffer: self.init_buffer(&bytes, wgpu::BufferUsages::STORAGE), row0, rows: n });
+            chunks.push(Chunk { buffer: self.weight_buffer(&bytes), row0, rows: n });
         }
         self.check().with_context(|| format!("uploading {}", t.name))?;
-        Ok(GpuMatrix { rows, cols, dtype, chunks })
+        Ok(GpuMatrix { rows, cols, dtype, quant: None, chunks })
+    }
+
+    /// Blocks in the formats of [`kernels::QUANT_FORMATS`] stay as the file stores them
+    /// (device memory ≈ the tensor's bytes) and are decoded in the kernels' registers;
+    /// other formats, or an explicit `--dtype`, are decoded to floats at upload.
+    fn load_quantized(
+        &self,
+        name: &str,
+        ty: GgmlType,
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+    ) -> anyhow::Result<GpuMatrix> {
+        if self.opts.weight_dtype.is_some() || !kernels::QUANT_FORMATS.iter().any(|(t, _)| *t == ty) {
+            return super::dequantized_matrix(self, name, ty, n_out, n_in, bytes);
+        }
+        let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
+        ensure!(
+            n_in > 0 && n_in.is_multiple_of(bs),
+            "{name}: rows of {n_in} values are not whole {} blocks",
+            ty.name()
+        );
+        let row_bytes = n_in / bs * ts;
+        ensure!(
+            n_out.checked_mul(row_bytes) == Some(bytes.len()),
+            "{name}: {} bytes for [{n_out}, {n_in}] in {} blocks",
+            bytes.len(),
+            ty.name()
+        );
+        ensure!(
+            row_bytes as u64 <= self.max_binding,
+            "{name}: one row of {n_in} values exceeds the adapter's largest storage binding"
+        );
+        let q = self.quant_kernels(ty)?;
+        let chunk_rows = ((self.max_binding / row_bytes as u64) as usize).max(1);
+        let mut chunks = Vec::new();
+        for row0 in (0..n_out).step_by(chunk_rows) {
+            let n = chunk_rows.min(n_out - row0);
+            let part = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
+            chunks.push(Chunk { buffer: self.weight_buffer(part), row0, rows: n });
+            crate::loaders::release(part);
+        }
+        self.check().with_context(|| format!("uploading {name}"))?;
+        Ok(GpuMatrix { rows: n_out, cols: n_in, dtype: WeightDtype::F32, quant: Some(q), chunks })
     }
 
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<GpuVector> {
         let data = t.to_f32().map_err(anyhow::Error::msg)?;
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Ok(GpuVector { buffer: self.init_buffer(&bytes, wgpu::BufferUsages::STORAGE), len: data.len() })
+        Ok(GpuVector { buffer: self.weight_buffer(&bytes), len: data.len() })
     }
 
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<GpuKvCache> {
@@ -757,12 +890,15 @@ impl Backend for GpuBackend {
         if t == 0 || c == 0 {
             return out;
         }
-        let (_, _, kernel) = self.weight_kernels(table.dtype);
+        let (_, _, kernel) = self.weight_kernels(table);
+        // The quantized gather decodes four values per invocation.
+        let per_invocation = if table.quant.is_some() { 4 } else { 1 };
         for ch in &table.chunks {
             let params = [t as u32, c as u32, ch.row0 as u32, ch.rows as u32];
             let bindings = [(1, ch.buffer.as_entire_buffer_binding()), (3, out.binding())];
             // The ids travel in the parameter arena: no buffer is created per step.
-            self.dispatch(kernel, &params, &bindings, self.grid((t * c).div_ceil(256)), Some((2, ids)));
+            let groups = self.grid((t * c / per_invocation).div_ceil(256));
+            self.dispatch(kernel, &params, &bindings, groups, Some((2, ids)));
         }
         out
     }

@@ -18,7 +18,7 @@ struct Params {
     ldo: u32,        // row stride of out (all output columns)
     has_bias: u32,
     fuse_gelu: u32,
-    _pad: u32,
+    group_cols: u32, // output columns per workgroup (the subgroup GEMV only)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -194,4 +194,10 @@ fn gemv_thread(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     for (var r = 0u; r < p.m; r = r + 1u) {
         out[r * p.ldo + p.n_off + col] = finish(row_of(acc, r), col);
     }
+}
+
+// The subgroup GEMV's step (gemv_sg.wgsl): one weight of `col` at k = g.
+const wstep: u32 = 1u;
+fn wdot(acc: ptr<function, Acc8>, col: u32, g: u32) {
+    accumulate(acc, g, f32(w[col * p.k + g]));
 }

@@ -1,0 +1,36 @@
+// Decode GEMV with subgroup reductions (appended to matmul.wgsl or qmatmul.wgsl when the
+// adapter has wgpu's subgroup feature, which the device is then opened with).
+//
+// Each subgroup owns whole output columns: its lanes stride along the column's weight
+// row by the subgroup size and `subgroupAdd` sums them, no workgroup memory, no
+// barriers. Nothing assumes which invocations form a subgroup or how wide it is: the
+// workgroup's `group_cols` columns (256 / the adapter's smallest subgroup size, set by
+// the host) are dealt out to however many subgroups it has. `wstep` is the weight
+// values one lane takes per step (1 dense, 4 quantized) and `wdot` accumulates them.
+
+@compute @workgroup_size(256)
+fn SG_ENTRY(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
+            @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) size: u32) {
+    let first = (wg.y * nwg.x + wg.x) * p.group_cols;
+    let last = min(first + p.group_cols, p.n);
+    for (var col = first + sg; col < last; col = col + nsg) {
+        var acc = Acc8();
+        for (var g = lane; g < p.k / wstep; g = g + size) {
+            wdot(&acc, col, g);
+        }
+        acc.r0 = subgroupAdd(acc.r0);
+        if (p.m > 1u) { acc.r1 = subgroupAdd(acc.r1); }
+        if (p.m > 2u) { acc.r2 = subgroupAdd(acc.r2); }
+        if (p.m > 3u) { acc.r3 = subgroupAdd(acc.r3); }
+        if (p.m > 4u) { acc.r4 = subgroupAdd(acc.r4); }
+        if (p.m > 5u) { acc.r5 = subgroupAdd(acc.r5); }
+        if (p.m > 6u) { acc.r6 = subgroupAdd(acc.r6); }
+        if (p.m > 7u) { acc.r7 = subgroupAdd(acc.r7); }
+        if (lane == 0u) {
+            for (var r = 0u; r < p.m; r = r + 1u) {
+                out[r * p.ldo + p.n_off + col] = finish(row_of(acc, r), col);
+            }
+        }
+    }
+}
