@@ -794,6 +794,12 @@ fn gpu_quantized_weights_every_format_and_kernel() {
         ("thread gemv", GpuOptions { gemv: GemvKernel::Thread, ..Default::default() }),
         ("subgroup gemv", GpuOptions { gemv: GemvKernel::Subgroup, ..Default::default() }),
         ("batch-invariant matmul", GpuOptions { batch_invariant: true, ..Default::default() }),
+        // Weights split over many bindings (the path a model larger than one binding takes).
+        ("chunks of 2 KiB", GpuOptions { chunk_bytes: Some(2048), ..Default::default() }),
+        (
+            "chunks of 2 KiB, matmul",
+            GpuOptions { chunk_bytes: Some(2048), batch_invariant: true, ..Default::default() },
+        ),
     ];
     let r = ReferenceBackend;
     let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
@@ -817,7 +823,12 @@ fn gpu_quantized_weights_every_format_and_kernel() {
                 let bytes = random_blocks_any(&mut rng, ty, n_out, n_in);
                 let wb = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
                 assert_eq!(wb.quant_type(), Some(ty), "{name}: kept in its blocks");
-                assert_eq!(wb.device_bytes(), bytes.len().next_multiple_of(4) as u64, "{name}: device bytes");
+                let on_device = wb.device_bytes() as usize;
+                match o.chunk_bytes {
+                    None => assert_eq!(on_device, bytes.len().next_multiple_of(4), "{name}: device bytes"),
+                    // Each chunk is padded to whole words.
+                    Some(_) => assert!(on_device >= bytes.len() && on_device < bytes.len() + 4 * n_out, "{name}"),
+                }
                 let wr = r.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
                 let scale = [1e-3f32, 1.0, 1e3][i % 3];
                 let x = host(t, n_in, normal(&mut rng, t * n_in, scale));

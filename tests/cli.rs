@@ -284,16 +284,29 @@ fn have_gpu() -> bool {
 }
 
 /// `--backend both` prints one row per step with the logit difference and agrees: on
-/// GPT-2, and on quantized Llama GGUFs whose blocks the gpu decodes in its kernels
-/// (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) against the cpu's f32 path over the same decoded values.
+/// GPT-2 (its folder, and GGUFs that `forge quantize` writes: Q8_0, Q4_0), and on
+/// quantized Llama GGUFs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose blocks
+/// the gpu decodes in its kernels, against the cpu's f32 path over the same decoded values.
 #[cfg(feature = "gpu")]
 #[test]
 fn generate_lockstep_cpu_and_gpu() {
     if !have_gpu() {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let mut gpt2_ggufs = Vec::new();
+    for ty in ["q8_0", "q4_0"] {
+        let out = dir.path().join(format!("tiny-gpt2.{ty}.gguf"));
+        let o = forge(&["quantize", fixture("tiny-gpt2").to_str().unwrap(), out.to_str().unwrap(), "--type", ty]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        gpt2_ggufs.push(out);
+    }
     let models = [
         fixture("tiny-gpt2"),
+        gpt2_ggufs[0].clone(),
+        gpt2_ggufs[1].clone(),
+        fixture("tiny-llama").join("tiny-llama.q8_0.gguf"),
+        fixture("tiny-llama").join("tiny-llama.q5_1.gguf"),
         fixture("tiny-llama").join("tiny-llama.q4_0.gguf"),
         fixture("tiny-llama").join("tiny-llama.q4_1.gguf"),
         fixture("tiny-llama").join("tiny-llama.q5_0.gguf"),

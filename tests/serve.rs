@@ -324,6 +324,95 @@ fn gpu_outputs_are_bit_identical_whatever_the_batch() {
     check_batch_invariance("gpu", &models);
 }
 
+/// `echo` with `logprobs` scores the prompt (what lm-eval-harness's loglikelihood asks an
+/// OpenAI-style server for, with `max_tokens: 0`): every prompt token after the first
+/// gets its log-probability and top alternatives, which match HF's log_softmax (torch,
+/// from the verify dumps) within 1e-4 at every position, and which are bit-identical to
+/// the log-probabilities the same tokens get when generated one step at a time (batch
+/// invariance: one prefill row equals one decode row). Streamed, the echo chunk carries
+/// them; a prefix-cache hit does not skip them; with max_tokens > 0 the generated
+/// tokens follow.
+#[test]
+fn echo_with_logprobs_scores_the_prompt() {
+    use batch_forge::verify::Reference;
+    let s = Server::start(&fixture("tiny-gpt2"), &["-b", "7"]);
+    let tok = common::engine("tiny-gpt2").tokenizer;
+    let piece = |id: u32| String::from_utf8_lossy(tok.token_bytes(id).unwrap()).into_owned();
+    let dumps = Reference::open(&fixture("tiny-gpt2").join("verify.safetensors")).unwrap();
+    let (mut worst, mut compared) = (0f64, 0);
+    for p in dumps.prompts.iter().filter(|p| p.ids.len() > 1) {
+        let body = json!({"prompt": p.ids, "max_tokens": 0, "echo": true, "logprobs": 5});
+        let v = s.ok("/v1/completions", &body);
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(v["usage"]["completion_tokens"], 0);
+        assert_eq!(c["text"], tok.decode(&p.ids).unwrap(), "the echo is the prompt");
+        let lp = &c["logprobs"];
+        let (lps, tops) = (lp["token_logprobs"].as_array().unwrap(), lp["top_logprobs"].as_array().unwrap());
+        assert_eq!(lps.len(), p.ids.len());
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), p.ids.len());
+        assert!(lps[0].is_null() && tops[0].is_null(), "the first token has no score");
+        let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[0] == 0, "{offsets:?}");
+        // Position i's top 5 against HF's top ids and log_softmax at i (it scores token
+        // i+1); pieces that are not whole characters may collide as keys: skipped.
+        for i in 0..p.ids.len() - 1 {
+            let top = tops[i + 1].as_object().unwrap();
+            for (&id, want) in p.top_ids[i].iter().zip(&p.top_logprobs[i]).take(5) {
+                let key = piece(id);
+                if key.contains('\u{FFFD}') {
+                    continue;
+                }
+                let got = top.get(&key).and_then(Value::as_f64).unwrap_or_else(|| panic!("{key:?} at {i}: {top:?}"));
+                worst = worst.max((got - f64::from(*want)).abs());
+                compared += 1;
+            }
+            assert!(lps[i + 1].as_f64().unwrap() <= 0.0);
+        }
+        // Streamed: the echo chunk carries the same scores.
+        let body = json!({"prompt": p.ids, "max_tokens": 0, "echo": true, "logprobs": 5, "stream": true});
+        let events = s.stream("/v1/completions", &body);
+        assert_eq!(events[0]["choices"][0]["logprobs"], *lp, "streamed prompt scores");
+        assert_eq!(events[0]["choices"][0]["text"], c["text"]);
+    }
+    assert!(compared >= 60 && worst < 1e-4, "prompt log-probabilities vs HF: {worst:e} over {compared}");
+    eprintln!("echo + logprobs: {compared} prompt scores within {worst:.1e} of HF's log_softmax");
+    // HF's greedy continuation, scored as a prompt, gets the log-probabilities it gets
+    // when generated one step at a time, bit for bit (and the generated tokens follow
+    // the prompt's scores with max_tokens > 0).
+    for p in reference("tiny-gpt2")["prompts"].as_array().unwrap().iter().take(3) {
+        let (prompt, want) = (ids(&p["prompt_ids"]), ids(&p["generated_ids"]));
+        let k = want.len().min(8);
+        let generated =
+            s.ok("/v1/completions", &json!({"prompt": prompt, "max_tokens": k, "temperature": 0, "logprobs": 5}));
+        assert_eq!(generated["choices"][0]["text"], tok.decode(&want[..k]).unwrap());
+        let g = &generated["choices"][0]["logprobs"];
+        let mut whole = prompt.clone();
+        whole.extend(&want[..k]);
+        let body = json!({"prompt": whole, "max_tokens": 0, "echo": true, "logprobs": 5});
+        let sl = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
+        let n = prompt.len();
+        assert_eq!(sl["token_logprobs"].as_array().unwrap()[n..], g["token_logprobs"].as_array().unwrap()[..]);
+        assert_eq!(sl["top_logprobs"].as_array().unwrap()[n..], g["top_logprobs"].as_array().unwrap()[..]);
+        // Primed for a prefix-cache hit, then scored with generation after it.
+        s.ok("/v1/completions", &json!({"prompt": whole, "max_tokens": 1, "temperature": 0}));
+        let body = json!({"prompt": whole, "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 5});
+        let both = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
+        let scores = both["token_logprobs"].as_array().unwrap();
+        assert_eq!(scores.len(), whole.len() + 3);
+        assert_eq!(scores[..whole.len()], sl["token_logprobs"].as_array().unwrap()[..]);
+    }
+    // A prompt whose first blocks sit in the prefix cache is still scored in full.
+    let long: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 50257).collect();
+    let body = json!({"prompt": long, "max_tokens": 0, "echo": true, "logprobs": 2});
+    let cold = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
+    s.ok("/v1/completions", &json!({"prompt": long, "max_tokens": 2, "temperature": 0}));
+    let hits = s.metric("forge_prefix_cache_hits_total");
+    s.ok("/v1/completions", &json!({"prompt": long, "max_tokens": 2, "temperature": 0}));
+    assert!(s.metric("forge_prefix_cache_hits_total") > hits, "the prompt is in the prefix cache");
+    let warm = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
+    assert_eq!(warm, cold, "scored after its prefix was cached");
+}
 /// Streaming gives the same text and log-probabilities as the whole answer, stop
 /// strings are matched across token boundaries and never emitted, and usage comes last.
 #[test]
@@ -458,7 +547,8 @@ fn invalid_requests_are_clear_errors() {
         ("/v1/completions", r#"{"prompt": [1, -1]}"#, "prompt"),
         ("/v1/completions", r#"{"prompt": ["a", "b"]}"#, "prompt"),
         ("/v1/completions", r#"{"prompt": 5}"#, "body"),
-        ("/v1/completions", r#"{"prompt": "x", "echo": true, "logprobs": 1}"#, "echo"),
+        ("/v1/completions", r#"{"prompt": "x", "echo": true, "max_tokens": 0}"#, "max_tokens"),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 1, "max_tokens": 0}"#, "max_tokens"),
         ("/v1/completions", r#"{"prompt": "x" "#, "body"),
         ("/v1/completions", r#"[1, 2]"#, "body"),
         ("/v1/completions", "", "body"),

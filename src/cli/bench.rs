@@ -60,7 +60,7 @@ pub struct BenchArgs {
     /// Output format, as llama-bench's `-o`: a markdown table, a JSON array, JSON lines or CSV.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Md)]
     output: OutputFormat,
-    /// Run the cpu backend's batch-invariant kernels (what `forge serve` runs), to measure
+    /// Run the batch-invariant kernels (cpu and gpu; what `forge serve` runs), to measure
     /// what the guarantee costs.
     #[arg(long)]
     batch_invariant: bool,

@@ -29,7 +29,7 @@ use super::scheduler::{BLOCK_TOKENS, Event, Finish, Job, blocks_for, positions_f
 use super::text::{TextOut, TokenOut};
 use super::{AppState, Loaded};
 use crate::chat::Message;
-use crate::engine::SamplingParams;
+use crate::engine::{SamplingParams, TokenLogprobs};
 
 /// An error in OpenAI's shape.
 pub struct ApiError {
@@ -371,6 +371,8 @@ struct Checked {
     presence: f32,
     frequency: f32,
     logprobs: Option<usize>,
+    /// Score the prompt too (completions' `echo` with `logprobs`).
+    prompt_logprobs: Option<usize>,
     stops: Vec<String>,
     stream: bool,
     include_usage: bool,
@@ -394,12 +396,14 @@ fn number(
 /// The longest stop sequence accepted.
 const MAX_STOP_BYTES: usize = 1024;
 
-/// The checks both endpoints share, after each has built its prompt ids.
+/// The checks both endpoints share, after each has built its prompt ids. `max_tokens`
+/// may be 0 when the prompt is scored (`prompt_logprobs`): nothing is generated then.
 fn check_common(
     r: &GenRequest,
     l: &Loaded,
     prompt: Vec<u32>,
     logprobs: Option<usize>,
+    prompt_logprobs: Option<usize>,
     default_max: Option<usize>,
 ) -> Result<Checked, ApiError> {
     if let Some(n) = r.n
@@ -430,7 +434,11 @@ fn check_common(
     }
     let room = n_ctx - prompt.len();
     let max_tokens = match r.max_tokens.or(r.max_completion_tokens) {
-        Some(m) if m < 1 => return Err(ApiError::bad("max_tokens", format!("max_tokens must be at least 1, got {m}"))),
+        Some(0) if prompt_logprobs.is_some() => 0,
+        Some(m) if m < 1 => {
+            let what = if m == 0 { " (0 only with echo and logprobs: scoring the prompt)" } else { "" };
+            return Err(ApiError::bad("max_tokens", format!("max_tokens must be at least 1{what}, got {m}")));
+        }
         Some(m) if m as u64 > room as u64 => {
             return Err(ApiError::bad(
                 "max_tokens",
@@ -503,6 +511,7 @@ fn check_common(
         presence: presence as f32,
         frequency: frequency as f32,
         logprobs,
+        prompt_logprobs,
         stops,
         stream: r.stream.unwrap_or(false),
         include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
@@ -544,6 +553,7 @@ fn submit(
         presence_penalty: c.presence,
         frequency_penalty: c.frequency,
         logprobs: c.logprobs,
+        prompt_logprobs: c.prompt_logprobs,
         ignore_eos: c.ignore_eos,
         events: tx,
         arrived: Instant::now(),
@@ -633,10 +643,9 @@ async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
         Some(v) => return Err(ApiError::bad("logprobs", format!("logprobs must be an integer in 0..=20, got {v}"))),
     };
     let echo = r.echo.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::bad("echo", "echo with logprobs (prompt log-probabilities) is not supported"));
-    }
-    let c = check_common(&r, l, prompt, logprobs, Some(16))?;
+    // echo with logprobs scores the prompt as well (and allows max_tokens 0).
+    let prompt_logprobs = if echo { logprobs } else { None };
+    let c = check_common(&r, l, prompt, logprobs, prompt_logprobs, Some(16))?;
     let echo_text = if echo { prompt_text } else { String::new() };
     answer(state.clone(), Api::Completions, c, echo_text, r.user).await
 }
@@ -695,7 +704,7 @@ async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
         },
         Some(v) => return Err(ApiError::bad("logprobs", format!("logprobs must be a boolean, got {v}"))),
     };
-    let c = check_common(&r, l, prompt, logprobs, None)?;
+    let c = check_common(&r, l, prompt, logprobs, None, None)?;
     answer(state.clone(), Api::Chat, c, String::new(), r.user).await
 }
 
@@ -718,6 +727,45 @@ fn completion_logprobs(out: &TextOut, tokens: &[TokenOut], base_chars: usize, te
         offsets.push(json!(base_chars + off));
     }
     json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The completions logprobs object for an echoed, scored prompt: every prompt token, the
+/// first with `null` log-probabilities (nothing comes before it), the rest with their
+/// scores from the scheduler; `text_offset`s count the pieces' characters from 0.
+fn prompt_logprobs_json(out: &TextOut, prompt: &[u32], scored: &[TokenLogprobs]) -> Value {
+    let (mut toks, mut lps, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut chars = 0;
+    for (i, &id) in prompt.iter().enumerate() {
+        let piece = out.piece(id);
+        offsets.push(json!(chars));
+        chars += piece.chars().count();
+        toks.push(json!(piece));
+        match i.checked_sub(1).and_then(|j| scored.get(j)) {
+            Some(lp) => {
+                lps.push(json!(lp.logprob));
+                let mut top = serde_json::Map::new();
+                for &(t, v) in &lp.top {
+                    top.entry(out.piece(t)).or_insert(json!(v));
+                }
+                tops.push(Value::Object(top));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// `a` followed by `b`, field by field (two completions logprobs objects).
+fn join_logprobs(mut a: Value, b: &Value) -> Value {
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(x), Some(y)) = (a[key].as_array_mut(), b[key].as_array()) {
+            x.extend(y.iter().cloned());
+        }
+    }
+    a
 }
 
 /// Chat's logprobs object (`content` entries) for `tokens`.
@@ -788,9 +836,11 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
     let mut finish = None;
     let mut generated = 0;
     let mut cached = 0;
+    let mut scored = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Started { cached: n } => cached = n,
+            Event::PromptLogprobs(v) => scored.extend(v),
             Event::Token { id, logprobs } => {
                 generated += 1;
                 if out.push(id, logprobs) {
@@ -820,7 +870,11 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
     let body = match api {
         Api::Completions => {
             let text = format!("{echo}{}", out.text());
-            let lp = c.logprobs.map(|_| completion_logprobs(&out, &tokens, echo.chars().count(), out.text()));
+            let mut lp = c.logprobs.map(|_| completion_logprobs(&out, &tokens, echo.chars().count(), out.text()));
+            if c.prompt_logprobs.is_some() {
+                let prompt = prompt_logprobs_json(&out, &c.prompt, &scored);
+                lp = lp.map(|generated| join_logprobs(prompt, &generated));
+            }
             json!({
                 "id": rid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}],
@@ -899,7 +953,8 @@ async fn stream_task(
             "id": m.rid, "object": "chat.completion.chunk", "created": m.created, "model": m.name,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
         })),
-        Api::Completions if !echo.is_empty() => Some(chunk(&echo, None, None)),
+        // A scored prompt's echo waits for its log-probabilities (sent before the first token).
+        Api::Completions if !echo.is_empty() && c.prompt_logprobs.is_none() => Some(chunk(&echo, None, None)),
         Api::Completions => None,
     };
     if let Some(f) = first
@@ -918,6 +973,8 @@ async fn stream_task(
     let mut generated = 0;
     let mut cached = 0;
     let mut finish = None;
+    let mut scored = Vec::new();
+    let mut echo_pending = c.prompt_logprobs.is_some();
     loop {
         // A client that hangs up is noticed even while the request waits or prefills.
         let ev = tokio::select! {
@@ -929,8 +986,19 @@ async fn stream_task(
             }
         };
         let Some(ev) = ev else { break };
+        if echo_pending && matches!(ev, Event::Token { .. } | Event::Finished { .. }) {
+            // The prompt is scored: its echo, with every prompt token's log-probability.
+            echo_pending = false;
+            let lp = prompt_logprobs_json(&out, &c.prompt, &scored);
+            if tx.send(sse(&chunk(&echo, Some(lp), None))).await.is_err() {
+                state.metrics.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(id = m.id, "client went away; cancelled");
+                return;
+            }
+        }
         match ev {
             Event::Started { cached: n } => cached = n,
+            Event::PromptLogprobs(v) => scored.extend(v),
             Event::Token { id, logprobs } => {
                 generated += 1;
                 let stopped = out.push(id, logprobs);

@@ -39,7 +39,8 @@ pub struct Job {
     pub id: u64,
     /// Prompt token ids (at least one, each inside the vocabulary; checked by the caller).
     pub prompt: Vec<u32>,
-    /// Tokens to generate at most (at least 1; prompt + max_tokens ≤ the context).
+    /// Tokens to generate at most (prompt + max_tokens ≤ the context). 0 only with
+    /// `prompt_logprobs`: the prompt is scored, nothing is generated.
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     /// OpenAI's penalties over the tokens generated so far: `logit -= presence` for a
@@ -48,6 +49,11 @@ pub struct Job {
     pub frequency_penalty: f32,
     /// Report each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Also score the prompt (OpenAI's `echo` with `logprobs`): the log-probability of
+    /// every prompt token after the first, given the ones before it, with this many
+    /// alternatives. Such a prompt is computed in full (no prefix-cache reuse), and the
+    /// steps that prefill it compute logits for every row.
+    pub prompt_logprobs: Option<usize>,
     /// Keep going after an end-of-generation token.
     pub ignore_eos: bool,
     pub events: UnboundedSender<Event>,
@@ -70,6 +76,9 @@ pub enum Event {
     Started {
         cached: usize,
     },
+    /// Log-probabilities of prompt tokens, in order (a chunk's worth at a time; only
+    /// for [`Job::prompt_logprobs`], all of them before the first `Token`).
+    PromptLogprobs(Vec<TokenLogprobs>),
     Token {
         id: u32,
         logprobs: Option<TokenLogprobs>,
@@ -109,9 +118,9 @@ pub fn blocks_for(positions: usize) -> usize {
 }
 
 /// Positions a job's cache needs: its prompt and every generated token but the last
-/// (never fed back).
+/// (never fed back); the prompt alone when nothing is generated (a scored prompt).
 pub fn positions_for(prompt_len: usize, max_tokens: usize) -> usize {
-    (prompt_len + max_tokens).saturating_sub(1).max(1)
+    if max_tokens == 0 { prompt_len.max(1) } else { (prompt_len + max_tokens).saturating_sub(1).max(1) }
 }
 
 /// The hash chain of the full blocks of `tokens`: entry `i` identifies blocks `0..=i`
@@ -350,12 +359,19 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         self.metrics.batch_sequences_max.fetch_max(members.len() as u64, Ordering::Relaxed);
+        // A prompt being scored needs the logits of every row it feeds: then the whole
+        // step computes all rows (per-row results do not depend on which rows are kept).
+        let all_rows = members.iter().any(|&i| {
+            let s = &self.running[i];
+            s.job.prompt_logprobs.is_some() && s.cached < s.job.prompt.len()
+        });
+        let rows = if all_rows { LogitRows::All } else { LogitRows::LastOfEachSeq };
         let result = {
             let mut caches: Vec<&mut B::KvCache> =
                 self.running.iter_mut().zip(&feed).filter(|(_, f)| **f > 0).map(|(s, _)| &mut s.cache).collect();
             let batch = Batch { tokens: &tokens, seqs: &seqs };
             self.model
-                .forward(self.backend, &batch, &mut caches, LogitRows::LastOfEachSeq)
+                .forward(self.backend, &batch, &mut caches, rows)
                 .and_then(|out| self.backend.to_host(&out, &mut self.logits))
         };
         if let Err(e) = result {
@@ -371,11 +387,32 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let now = Instant::now();
         let mut finished = Vec::new();
-        for (row, &i) in members.iter().enumerate() {
+        for (k, &i) in members.iter().enumerate() {
             let seq = &mut self.running[i];
+            // The logits row of this sequence's last fed token.
+            let row = if all_rows { seqs[k].rows.end - 1 } else { k };
+            if let Some(n) = seq.job.prompt_logprobs
+                && seq.cached < seq.job.prompt.len()
+            {
+                // Row r holds position cached + (r − start): it scores the token after it.
+                let scored: Vec<TokenLogprobs> = seqs[k]
+                    .rows
+                    .clone()
+                    .zip(seq.cached + 1..)
+                    .filter(|&(_, next)| next < seq.job.prompt.len())
+                    .map(|(r, next)| token_logprobs(self.logits.row(r), seq.job.prompt[next], n))
+                    .collect();
+                if !scored.is_empty() {
+                    let _ = seq.job.events.send(Event::PromptLogprobs(scored));
+                }
+            }
             seq.cached += feed[i];
             if seq.cached < seq.tokens.len() {
                 continue; // a prompt chunk: more of the prompt to come
+            }
+            if seq.job.max_tokens == 0 {
+                finished.push((i, Some(Finish::Length))); // the prompt is scored: done
+                continue;
             }
             let logits = self.logits.row(row);
             match pick(seq, logits) {
@@ -491,7 +528,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             // Reuse cached full blocks, but always feed the prompt's last token (its
             // logits choose the first new one).
             let mut cached = 0;
-            if self.config.prefix_cache {
+            if self.config.prefix_cache && job.prompt_logprobs.is_none() {
                 let hashes = block_hashes(&job.prompt);
                 if let Some((entry, n)) = self.prefix.lookup(&job.prompt, &hashes) {
                     let n = n.min(job.prompt.len() - 1);

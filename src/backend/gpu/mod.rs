@@ -50,6 +50,10 @@ pub struct GpuOptions {
     /// matmul kernel, whose per-output sum order does not depend on the number of rows,
     /// never the few-row GEMV (attention and the row ops are per row already).
     pub batch_invariant: bool,
+    /// Split weight matrices into chunks of at most this many bytes (default: the
+    /// adapter's largest storage binding). Tests use it to run the multi-chunk paths on
+    /// small matrices.
+    pub chunk_bytes: Option<u64>,
 }
 
 /// A read-back waits this long for the device by default: far past any single step of
@@ -87,7 +91,7 @@ pub struct GpuBackend {
     f16: bool,
     /// The decode GEMV in use (never `Auto`).
     gemv: GemvKernel,
-    /// Output columns per workgroup of the subgroup GEMV: 256 / the smallest subgroup.
+    /// Output columns per workgroup of the subgroup GEMV: 256 / the widest subgroup.
     sg_cols: u32,
     opts: GpuOptions,
     /// How long a read-back waits for the device.
@@ -172,6 +176,7 @@ impl GpuBackend {
             opts.weight_dtype != Some(WeightDtype::BF16),
             "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
         );
+        ensure!(opts.chunk_bytes.is_none_or(|c| c >= 4), "chunk_bytes must be at least 4");
         Ok(())
     }
 
@@ -228,7 +233,10 @@ impl GpuBackend {
             }
             other => other,
         };
-        let sg_cols = (256 / info.subgroup_min_size.clamp(1, 256)).max(1);
+        // One column per subgroup when subgroups are as wide as they can be; narrower
+        // ones leave some subgroups idle rather than queueing columns behind each other
+        // (Metal and some Vulkan drivers report a minimum of 4 whatever they run).
+        let sg_cols = (256 / info.subgroup_max_size.clamp(1, 256)).max(1);
         let backend = GpuBackend {
             adapter_f16: adapter.features().contains(wgpu::Features::SHADER_F16),
             poll_timeout,
@@ -306,6 +314,13 @@ impl GpuBackend {
 
     pub fn max_binding_bytes(&self) -> u64 {
         self.max_binding
+    }
+
+    /// The most bytes one chunk of weight rows may hold: one storage binding (or the
+    /// `chunk_bytes` option), at most 4 GiB (kernels address a chunk's bytes with u32),
+    /// a whole number of words (so the padding to one stays inside the binding).
+    fn chunk_limit(&self) -> u64 {
+        self.max_binding.min(u64::from(u32::MAX)).min(self.opts.chunk_bytes.unwrap_or(u64::MAX)) & !3
     }
 
     /// Whether the adapter offers shader-f16 at all (whether or not this backend asked
@@ -747,11 +762,11 @@ impl Backend for GpuBackend {
         let elem = dtype.size();
         let row_bytes = (cols * elem).max(1) as u64;
         ensure!(
-            row_bytes <= self.max_binding,
+            row_bytes <= self.chunk_limit(),
             "{}: one row of {cols} values exceeds the adapter's largest storage binding",
             t.name
         );
-        let chunk_rows = ((self.max_binding / row_bytes) as usize).max(1);
+        let chunk_rows = ((self.chunk_limit() / row_bytes) as usize).max(1);
         let mut chunks = Vec::new();
         for row0 in (0..rows).step_by(chunk_rows) {
             let n = chunk_rows.min(rows - row0);
@@ -794,11 +809,11 @@ impl Backend for GpuBackend {
             ty.name()
         );
         ensure!(
-            row_bytes as u64 <= self.max_binding,
+            row_bytes as u64 <= self.chunk_limit(),
             "{name}: one row of {n_in} values exceeds the adapter's largest storage binding"
         );
         let q = self.quant_kernels(ty)?;
-        let chunk_rows = ((self.max_binding / row_bytes as u64) as usize).max(1);
+        let chunk_rows = ((self.chunk_limit() / row_bytes as u64) as usize).max(1);
         let mut chunks = Vec::new();
         for row0 in (0..n_out).step_by(chunk_rows) {
             let n = chunk_rows.min(n_out - row0);

@@ -2,16 +2,27 @@
 // adapter has wgpu's subgroup feature, which the device is then opened with).
 //
 // Each subgroup owns whole output columns: its lanes stride along the column's weight
-// row by the subgroup size and `subgroupAdd` sums them, no workgroup memory, no
-// barriers. Nothing assumes which invocations form a subgroup or how wide it is: the
-// workgroup's `group_cols` columns (256 / the adapter's smallest subgroup size, set by
-// the host) are dealt out to however many subgroups it has. `wstep` is the weight
-// values one lane takes per step (1 dense, 4 quantized) and `wdot` accumulates them.
+// row and `subgroupAdd` sums them, no workgroup memory traffic, no tree of barriers.
+// Nothing assumes how wide a subgroup is, which invocations form one, or that it is
+// full: each lane numbers itself by an exclusive prefix sum over its subgroup, each
+// subgroup numbers itself with one workgroup atomic (taken by its lane 0), and the
+// workgroup's `group_cols` columns (set by the host) are dealt out to however many
+// subgroups there are. `wstep` is the weight values one lane takes per step (1 dense,
+// 4 quantized) and `wdot` accumulates them.
+
+var<workgroup> sg_count: atomic<u32>;
 
 @compute @workgroup_size(256)
-fn SG_ENTRY(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32,
-            @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) size: u32) {
+fn SG_ENTRY(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let lane = subgroupExclusiveAdd(1u);
+    let size = subgroupAdd(1u);
+    var mine = 0u;
+    if (lane == 0u) {
+        mine = atomicAdd(&sg_count, 1u); // workgroup memory starts at zero
+    }
+    let sg = subgroupMax(mine); // the other lanes hold 0
+    workgroupBarrier();
+    let nsg = atomicLoad(&sg_count);
     let first = (wg.y * nwg.x + wg.x) * p.group_cols;
     let last = min(first + p.group_cols, p.n);
     for (var col = first + sg; col < last; col = col + nsg) {

@@ -4,9 +4,11 @@
 // read at any byte offset; every f16 sits at an even offset (all block sizes are even).
 //
 // `deq4(b, j)` returns values j..j+3 (j a multiple of 4) of the block at byte offset b,
-// decoded as src/quant/mod.rs (gguf-py) decodes them. Each product there is exact in
-// f32 except Q6_K's `(d * scale) * q`, whose order is kept, so a fused multiply-add
-// gives the same bits: the decoded weights equal the reference's.
+// decoded as src/quant/mod.rs (gguf-py) decodes them. Every product there is exact in
+// f32 (an f16 scale's 11 significant bits times integers of at most 12 bits together,
+// Q6_K's `(d * scale) * q` included), and each value takes at most one rounding (the
+// add of Q4_1/Q5_1's m, the subtract of Q4_K/Q5_K's min), so a fused multiply-add or
+// a fast-math compiler gives the same bits: the decoded weights equal the reference's.
 // The Rust side prepends `const QK` (values per block), `const TS` (bytes per block)
 // and `fn deq4` choosing one of the `deq4_*` below.
 
