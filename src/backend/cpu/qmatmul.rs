@@ -26,7 +26,8 @@
 //! (decode and prefill, alone or batched: the server's batch invariance).
 //!
 //! Kernels: AVX2 over a group of four interleaved weight rows at a time: Q4 nibbles of two
-//! rows in one register (`maddubs` on 16 + 16 bytes), Q8_0 with `sign`/`maddubs`, the four
+//! rows in one register (`maddubs` on 16 + 16 bytes), Q8_0 with `sign`/`maddubs` (with
+//! VNNI: `vpdpbusd` on the weights offset by 128, less 128 · the activation block's sum), the four
 //! rows' integer sums gathered by `hadd` into one 4-lane vector, scaled by one FMA per
 //! block; in prefill each decoded weight group meets four activation rows.
 
@@ -362,8 +363,11 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     type Block<'a> = ((&'a [f32], &'a mut [i8]), ((&'a mut f32, &'a mut f32), &'a mut i32));
     let one = |((xb, qb), ((d, s), total)): Block| {
         // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
-        // too and the engine's non-finite check sees it (f32::max would skip a NaN).
-        let amax = xb.iter().fold(0.0f32, |m, v| if v.is_finite() && !m.is_nan() { m.max(v.abs()) } else { f32::NAN });
+        // too and the engine's non-finite check sees it (f32::max would skip a NaN). Two
+        // branch-free folds, which the compiler vectorizes.
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let finite = xb.iter().fold(true, |f, v| f & v.is_finite());
+        let amax = if finite { amax } else { f32::NAN };
         let dv = amax / 127.0;
         let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
         let mut sum = 0i32;
@@ -384,6 +388,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
             .par_chunks_exact(QK)
             .zip(out.q.par_chunks_exact_mut(QK))
             .zip(out.d.par_iter_mut().zip(out.s.par_iter_mut()).zip(out.sum.par_iter_mut()))
+            .with_min_len(64) // tasks of 64 blocks or more, not one each
             .for_each(one);
     } else {
         items.for_each(one);
@@ -599,8 +604,9 @@ mod x86 {
     }
 
     /// [`group_dot`] with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) in place of
-    /// `maddubs` + `madd`: each i32 lane sums the same four byte products, exactly, so
-    /// the results are bit-identical to the AVX2 kernel's.
+    /// `maddubs` + `madd` (for Q8_0 on weights offset to unsigned, the offset taken back
+    /// with the activations' block sum): every block's integer sum is the same exact
+    /// integer, so the results are bit-identical to the AVX2 kernel's.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers what
@@ -650,7 +656,24 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
                 let scales = dm.add(b * GROUP * ns);
                 let dw = _mm_loadu_ps(scales);
-                if TY == 0 {
+                if TY == 0 && VNNI {
+                    // vpdpbusd multiplies unsigned by signed bytes without saturating: the
+                    // weights offset by 128 (w ^ 0x80) give Σ (w + 128)·x = Σ w·x + 128·Σx,
+                    // and Σx is the block's stored sum: the same exact integer, with no
+                    // per-row sign fix-up for every activation row.
+                    let flip = _mm256_set1_epi8(-128);
+                    let wu: [__m256i; 4] = std::array::from_fn(|r| {
+                        _mm256_xor_si256(_mm256_loadu_si256(qp.add(r * 32) as *const __m256i), flip)
+                    });
+                    for i in 0..N {
+                        let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
+                        let dots: [__m256i; 4] =
+                            std::array::from_fn(|r| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[r], xv));
+                        let isum = _mm_sub_epi32(gather_rows(dots), _mm_set1_epi32(128 * *sum.add(i * nb + b)));
+                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
+                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
+                    }
+                } else if TY == 0 {
                     let w: [__m256i; 4] = std::array::from_fn(|r| _mm256_loadu_si256(qp.add(r * 32) as *const __m256i));
                     let aw: [__m256i; 4] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
                     for i in 0..N {
@@ -658,11 +681,7 @@ mod x86 {
                         // |w| · (x with w's sign): maddubs wants its first operand unsigned.
                         let dots: [__m256i; 4] = std::array::from_fn(|r| {
                             let sx = _mm256_sign_epi8(xv, w[r]);
-                            if VNNI {
-                                _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw[r], sx)
-                            } else {
-                                _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones)
-                            }
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones)
                         });
                         let isum = gather_rows(dots);
                         let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
