@@ -24,6 +24,14 @@ assert all(lp <= 0 for lp in choice.logprobs.token_logprobs), choice.logprobs
 assert c.usage.completion_tokens == 12 and c.usage.prompt_tokens > 0, c.usage
 text = choice.text
 
+# Prompt scoring (lm-eval-harness's loglikelihood request): echo + logprobs + max_tokens 0.
+sc = client.completions.create(model=model, prompt="Hello world" + text, max_tokens=0, echo=True, logprobs=1)
+lp = sc.choices[0].logprobs
+assert sc.choices[0].text == "Hello world" + text and sc.usage.completion_tokens == 0, sc
+assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:]), lp
+assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == sc.usage.prompt_tokens, lp
+assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:]), lp
+
 # Streamed: the same text, usage last.
 chunks = list(client.completions.create(model=model, prompt="Hello world", max_tokens=12, temperature=0,
                                         stream=True, stream_options={"include_usage": True},
