@@ -189,6 +189,20 @@ fn llama_greedy_completions_are_hf_greedy() {
         assert_eq!(v["usage"]["prompt_tokens"], run["prompt_ids"].as_array().unwrap().len());
         assert_eq!(v["choices"][0]["text"], tok.decode(&want).unwrap(), "prompt {:?}", run["prompt"]);
     }
+    // A scored prompt: every token's text_offset is where its piece starts in the echo.
+    let text = "Hello world, hi";
+    let v = s.ok("/v1/completions", &json!({"prompt": text, "max_tokens": 0, "echo": true, "logprobs": 1}));
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(v["choices"][0]["text"], text);
+    let offsets = lp["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap() as usize);
+    let pieces = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_owned());
+    let mut n = 0;
+    for (o, piece) in offsets.zip(pieces) {
+        let at: String = text.chars().skip(o).collect();
+        assert!(at.starts_with(&piece), "offset {o}: {piece:?} is not at {at:?}");
+        n += 1;
+    }
+    assert_eq!(n, v["usage"]["prompt_tokens"].as_u64().unwrap() as usize);
 }
 
 /// One request's answer: its text and every token's log-probabilities, as JSON.
@@ -397,10 +411,40 @@ fn echo_with_logprobs_scores_the_prompt() {
         // Primed for a prefix-cache hit, then scored with generation after it.
         s.ok("/v1/completions", &json!({"prompt": whole, "max_tokens": 1, "temperature": 0}));
         let body = json!({"prompt": whole, "max_tokens": 3, "temperature": 0, "echo": true, "logprobs": 5});
-        let both = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
-        let scores = both["token_logprobs"].as_array().unwrap();
+        let both = s.ok("/v1/completions", &body)["choices"][0].clone();
+        let scores = both["logprobs"]["token_logprobs"].as_array().unwrap();
         assert_eq!(scores.len(), whole.len() + 3);
         assert_eq!(scores[..whole.len()], sl["token_logprobs"].as_array().unwrap()[..]);
+        // The generated tokens are the ones generated without echo, with their scores.
+        let plain =
+            s.ok("/v1/completions", &json!({"prompt": whole, "max_tokens": 3, "temperature": 0, "logprobs": 5}));
+        let plain = &plain["choices"][0];
+        assert_eq!(scores[whole.len()..], plain["logprobs"]["token_logprobs"].as_array().unwrap()[..]);
+        let echo = tok.decode(&whole).unwrap();
+        assert_eq!(both["text"].as_str().unwrap(), format!("{echo}{}", plain["text"].as_str().unwrap()));
+        // Offsets: the prompt's inside the echo, the generated ones after it.
+        let offsets: Vec<u64> =
+            both["logprobs"]["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+        let n_chars = echo.chars().count() as u64;
+        assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+        assert!(offsets[whole.len() - 1] < n_chars && offsets[whole.len()] == n_chars, "{offsets:?} / {n_chars}");
+    }
+    // Scored prompts beside sequences that decode, in 7-token steps: each answer is what
+    // it was alone (a wrong logits row for either kind would show).
+    let bodies: Vec<Value> = (0..6u32)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..20 + 3 * i).map(|j| (i * 7919 + j * 104_729 + 13) % 50257).collect();
+            if i % 2 == 0 {
+                json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 3})
+            } else {
+                json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 3, "ignore_eos": true})
+            }
+        })
+        .collect();
+    let alone: Vec<_> = bodies.iter().map(|b| answer(&s.ok("/v1/completions", b))).collect();
+    let together = concurrently(&s, &bodies);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(first_difference(a, t), None, "request {i} alone vs beside the others");
     }
     // A prompt whose first blocks sit in the prefix cache is still scored in full.
     let long: Vec<u32> = (0..40u32).map(|i| (i * 7919 + 13) % 50257).collect();
@@ -412,7 +456,53 @@ fn echo_with_logprobs_scores_the_prompt() {
     assert!(s.metric("forge_prefix_cache_hits_total") > hits, "the prompt is in the prefix cache");
     let warm = s.ok("/v1/completions", &body)["choices"][0]["logprobs"].clone();
     assert_eq!(warm, cold, "scored after its prefix was cached");
+    // A prompt as long as the context (128) can be scored, not continued.
+    let full: Vec<u32> = (0..128u32).map(|i| (i * 31 + 7) % 50257).collect();
+    let v = s.ok("/v1/completions", &json!({"prompt": full, "max_tokens": 0, "echo": true, "logprobs": 1}));
+    assert_eq!(v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().len(), 128);
+    let (code, _) = s.post("/v1/completions", &json!({"prompt": full, "max_tokens": 1, "echo": true, "logprobs": 1}));
+    assert_eq!(code, 400);
 }
+/// Stalled clients cannot hold the server: a connection that never finishes its headers
+/// is closed after `--timeout`, and while such clients take every connection slot
+/// (`--max-connections`), a real request waits in the accept queue only until their
+/// timeout frees one, then is answered.
+#[test]
+fn stalled_clients_are_cut_off() {
+    use std::net::TcpStream;
+    let s = Server::start(&fixture("tiny-gpt2"), &["--timeout", "1", "--max-connections", "3"]);
+    std::thread::sleep(Duration::from_millis(1500)); // the start-up probe's connection times out
+    let addr = s.base.trim_start_matches("http://").to_owned();
+    let mut stalled: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl").unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200)); // accepted, slots taken
+    let t0 = Instant::now();
+    let (code, body) = s.get("/health");
+    let waited = t0.elapsed();
+    assert_eq!(code, 200, "{body}");
+    assert!(waited >= Duration::from_millis(400), "answered in {waited:?}: the connection limit did not hold");
+    assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    for c in &mut stalled {
+        // The server closed it: end of stream (possibly after a 408), or a reset.
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = Vec::new();
+        match c.read_to_end(&mut buf) {
+            Ok(_) => {}
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        }
+        let text = String::from_utf8_lossy(&buf);
+        assert!(buf.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+    // And it serves as before.
+    let v = s.ok("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2, "temperature": 0}));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
 /// Streaming gives the same text and log-probabilities as the whole answer, stop
 /// strings are matched across token boundaries and never emitted, and usage comes last.
 #[test]

@@ -51,6 +51,14 @@ pub struct ServeArgs {
     /// Threads for the model (default: the physical cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Seconds a client may take to send a request's headers, and again its body; an
+    /// idle keep-alive connection is closed after it (llama-server's -to).
+    #[arg(long = "timeout", visible_alias = "to", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86400))]
+    timeout: u64,
+    /// Connections served at once; more wait in the accept queue until one closes.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    max_connections: u32,
     #[command(flatten)]
     backend: BackendArgs,
 }
@@ -80,6 +88,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 std::env::var("BATCH_FORGE_STEP_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             ),
         },
+        timeout: Duration::from_secs(args.timeout),
+        max_connections: args.max_connections as usize,
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -134,14 +144,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             std::process::exit(1);
         });
     };
+    let (timeout, max_connections) = (state.config.timeout, state.config.max_connections);
     runtime.block_on(async move {
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown).into_future();
+        let server = serve::http::serve(listener, app, shutdown, timeout, max_connections);
         tokio::pin!(server);
         tokio::select! {
-            r = &mut server => r.map_err(anyhow::Error::from),
+            () = &mut server => Ok(()),
             r = done_rx => match r {
                 // Stopped on a signal: let the server finish its graceful shutdown.
-                Ok(Ok(())) => server.await.map_err(anyhow::Error::from),
+                Ok(Ok(())) => {
+                    server.await;
+                    Ok(())
+                }
                 Ok(Err(e)) => Err(e.context("the model could not be served")),
                 Err(_) => Err(anyhow::anyhow!("the scheduler thread ended without a result (a panic)")),
             },

@@ -20,7 +20,7 @@ use anyhow::{Context, ensure};
 use crate::backend::{AttentionSpec, Backend, MatrixLayout};
 use crate::loaders::Gpt2Config;
 use crate::loaders::checkpoint::{Tensor, TensorData, Weights, load_matrix};
-use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, logit_rows};
+use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 
 struct Block<B: Backend> {
     ln_1: (B::Vector, B::Vector),
@@ -184,12 +184,13 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         backend: &B,
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
-        which: LogitRows,
+        which: LogitRows<'_>,
         trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
     ) -> anyhow::Result<B::Act> {
         let cfg = &self.config;
         let (tokens, seqs) = (batch.tokens, batch.seqs);
         check_batch(&self.info, self.kv_width(), batch, caches)?;
+        check_logit_rows(&which, batch.tokens.len())?;
         // Positions of each row (on the stack for decode-sized batches: no allocation).
         let mut small = [0u32; 64];
         let mut large = Vec::new();

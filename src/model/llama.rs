@@ -21,7 +21,7 @@ use anyhow::{Context, bail, ensure};
 use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
-use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, logit_rows};
+use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 
 struct Block<B: Backend> {
     attn_norm: B::Vector,
@@ -177,10 +177,11 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         backend: &B,
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
-        which: LogitRows,
+        which: LogitRows<'_>,
         trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
     ) -> anyhow::Result<B::Act> {
         check_batch(&self.info, self.kv_width(), batch, caches)?;
+        check_logit_rows(&which, batch.tokens.len())?;
         let (eps, seqs) = (self.config.rms_norm_eps, batch.seqs);
         let mut x = backend.embed(&self.embed, batch.tokens); // (T, C)
         trace(Stage::Embeddings, &x)?;

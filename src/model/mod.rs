@@ -24,11 +24,14 @@ pub struct Batch<'a> {
 }
 
 /// Which rows get logits.
-pub enum LogitRows {
+pub enum LogitRows<'a> {
     /// The last row of each sequence (generation).
     LastOfEachSeq,
     /// Every row (evaluation, tests).
     All,
+    /// These rows of the batch, in this order (the server: every row of a prompt being
+    /// scored, the last row of every other sequence). Each must be inside the batch.
+    Rows(&'a [usize]),
 }
 
 /// A point in a forward pass where the activations are compared with a reference.
@@ -100,7 +103,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         backend: &B,
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
-        which: LogitRows,
+        which: LogitRows<'_>,
         trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
     ) -> anyhow::Result<B::Act>;
 
@@ -111,7 +114,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         backend: &B,
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
-        which: LogitRows,
+        which: LogitRows<'_>,
     ) -> anyhow::Result<B::Act> {
         self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
     }
@@ -167,9 +170,20 @@ pub(crate) fn check_batch<K: KvCache>(
 
 /// The rows whose logits are wanted: all of `x`, or the last row of each sequence
 /// (on the stack for up to 64 sequences: no allocation in a decode step).
-pub(crate) fn logit_rows<B: Backend>(backend: &B, x: B::Act, seqs: &[SeqSlice], which: LogitRows) -> B::Act {
+/// The rows of [`LogitRows::Rows`] are inside the batch of `n_tokens` rows.
+pub(crate) fn check_logit_rows(which: &LogitRows<'_>, n_tokens: usize) -> anyhow::Result<()> {
+    if let LogitRows::Rows(rows) = which
+        && let Some(&bad) = rows.iter().find(|&&r| r >= n_tokens)
+    {
+        bail!("logits asked for row {bad} of a batch of {n_tokens}");
+    }
+    Ok(())
+}
+
+pub(crate) fn logit_rows<B: Backend>(backend: &B, x: B::Act, seqs: &[SeqSlice], which: LogitRows<'_>) -> B::Act {
     match which {
         LogitRows::All => x,
+        LogitRows::Rows(rows) => backend.select_rows(&x, rows),
         LogitRows::LastOfEachSeq => {
             let mut last = [0usize; 64];
             let mut last_large = Vec::new();

@@ -155,8 +155,6 @@ const MAX_BODY: usize = 2 << 20;
 /// client that is still sending reads the answer instead of a broken pipe (nginx's
 /// "lingering close"). A body declared larger than this is refused without reading.
 const DRAIN_LIMIT: usize = 64 << 20;
-/// The whole body must arrive within this.
-const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn too_large() -> ApiError {
     ApiError {
@@ -167,8 +165,9 @@ fn too_large() -> ApiError {
 }
 
 /// The request body, up to [`MAX_BODY`] bytes; 413 past it (also when it is too slow
-/// while being drained), 408 when a body within the limit is too slow.
-async fn read_body(body: Body, declared: Option<u64>) -> Result<Bytes, ApiError> {
+/// while being drained), 408 when a body within the limit does not arrive within
+/// `timeout` (`--timeout`).
+async fn read_body(body: Body, declared: Option<u64>, timeout: std::time::Duration) -> Result<Bytes, ApiError> {
     let mut total = 0usize;
     // Room for the declared length up front, so the buffer never doubles past the limit.
     let mut buf = Vec::with_capacity(declared.map_or(0, |n| n.min(MAX_BODY as u64) as usize));
@@ -185,7 +184,7 @@ async fn read_body(body: Body, declared: Option<u64>) -> Result<Bytes, ApiError>
         }
         Ok::<(), ApiError>(())
     };
-    let done = tokio::time::timeout(BODY_TIMEOUT, read).await;
+    let done = tokio::time::timeout(timeout, read).await;
     if total > MAX_BODY {
         return Err(too_large());
     }
@@ -197,12 +196,12 @@ async fn read_body(body: Body, declared: Option<u64>) -> Result<Bytes, ApiError>
 }
 
 /// The body of `req`, refused at once when its declared length is past [`DRAIN_LIMIT`].
-async fn body_of(req: Request) -> Result<Bytes, ApiError> {
+async fn body_of(state: &AppState, req: Request) -> Result<Bytes, ApiError> {
     let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
         return Err(too_large());
     }
-    read_body(req.into_body(), declared).await
+    read_body(req.into_body(), declared, state.config.timeout).await
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
@@ -219,7 +218,7 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
-    let body = body_of(req).await?;
+    let body = body_of(&state, req).await?;
     let l = loaded(&state)?;
     let r: TokenizeRequest = parse(&body)?;
     let ids = if r.add_special {
@@ -250,7 +249,7 @@ struct DetokenizeRequest {
 }
 
 async fn detokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult {
-    let body = body_of(req).await?;
+    let body = body_of(&state, req).await?;
     let l = loaded(&state)?;
     let r: DetokenizeRequest = parse(&body)?;
     let ids = check_ids(&r.tokens, l.tokenizer.vocab_size(), "tokens")?;
@@ -412,7 +411,9 @@ fn check_common(
         return Err(ApiError::bad("n", format!("n must be 1 (one choice per request), got {n}")));
     }
     let n_ctx = l.info.context_length;
-    if prompt.len() >= n_ctx {
+    // Scoring a prompt without generating may fill the whole context.
+    let score_only = prompt_logprobs.is_some() && r.max_tokens.or(r.max_completion_tokens) == Some(0);
+    if prompt.len() > n_ctx || (prompt.len() == n_ctx && !score_only) {
         return Err(ApiError::bad(
             "prompt",
             format!(
@@ -582,7 +583,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
 
 /// Either endpoint, with refusals counted.
 async fn generation(state: Arc<AppState>, req: Request, api: Api) -> ApiResult {
-    let result = match (body_of(req).await, api) {
+    let result = match (body_of(&state, req).await, api) {
         (Err(e), _) => Err(e),
         (Ok(body), Api::Completions) => completions_inner(&state, &body).await,
         (Ok(body), Api::Chat) => chat_inner(&state, &body).await,
@@ -729,16 +730,35 @@ fn completion_logprobs(out: &TextOut, tokens: &[TokenOut], base_chars: usize, te
     json!({"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
+/// Each prompt token's start in `echo`, in characters: the tokens' bytes laid over the
+/// echoed text, right-aligned, so tokens the tokenizer put before the text (a BOS) start
+/// at 0; never past the text's end, where the generated tokens' offsets begin.
+fn prompt_offsets(lens: &[usize], echo: &str) -> Vec<usize> {
+    let text = echo.as_bytes();
+    let skip = lens.iter().sum::<usize>().saturating_sub(text.len());
+    let (mut at, mut byte, mut chars) = (0usize, 0usize, 0usize);
+    let mut offsets = Vec::with_capacity(lens.len());
+    for &len in lens {
+        let target = at.saturating_sub(skip).min(text.len());
+        while byte < target {
+            chars += usize::from(text[byte] & 0xC0 != 0x80); // a character starts here
+            byte += 1;
+        }
+        offsets.push(chars);
+        at += len;
+    }
+    offsets
+}
+
 /// The completions logprobs object for an echoed, scored prompt: every prompt token, the
 /// first with `null` log-probabilities (nothing comes before it), the rest with their
-/// scores from the scheduler; `text_offset`s count the pieces' characters from 0.
-fn prompt_logprobs_json(out: &TextOut, prompt: &[u32], scored: &[TokenLogprobs]) -> Value {
-    let (mut toks, mut lps, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut chars = 0;
+/// scores from the scheduler; `text_offset`s are positions in the echoed text.
+fn prompt_logprobs_json(out: &TextOut, prompt: &[u32], scored: &[TokenLogprobs], echo: &str) -> Value {
+    let (mut toks, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+    let lens: Vec<usize> = prompt.iter().map(|&id| out.token_bytes(id).len()).collect();
+    let offsets = prompt_offsets(&lens, echo);
     for (i, &id) in prompt.iter().enumerate() {
         let piece = out.piece(id);
-        offsets.push(json!(chars));
-        chars += piece.chars().count();
         toks.push(json!(piece));
         match i.checked_sub(1).and_then(|j| scored.get(j)) {
             Some(lp) => {
@@ -872,7 +892,7 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
             let text = format!("{echo}{}", out.text());
             let mut lp = c.logprobs.map(|_| completion_logprobs(&out, &tokens, echo.chars().count(), out.text()));
             if c.prompt_logprobs.is_some() {
-                let prompt = prompt_logprobs_json(&out, &c.prompt, &scored);
+                let prompt = prompt_logprobs_json(&out, &c.prompt, &scored, &echo);
                 lp = lp.map(|generated| join_logprobs(prompt, &generated));
             }
             json!({
@@ -989,7 +1009,7 @@ async fn stream_task(
         if echo_pending && matches!(ev, Event::Token { .. } | Event::Finished { .. }) {
             // The prompt is scored: its echo, with every prompt token's log-probability.
             echo_pending = false;
-            let lp = prompt_logprobs_json(&out, &c.prompt, &scored);
+            let lp = prompt_logprobs_json(&out, &c.prompt, &scored, &echo);
             if tx.send(sse(&chunk(&echo, Some(lp), None))).await.is_err() {
                 state.metrics.requests_cancelled.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(id = m.id, "client went away; cancelled");
@@ -1061,4 +1081,25 @@ async fn stream_task(
     state.metrics.requests_ok.fetch_add(1, Ordering::Relaxed);
     state.metrics.e2e.observe(started.elapsed().as_secs_f64());
     drop(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompt_offsets;
+
+    /// Prompt offsets are positions in the echoed text: tokens before the text (a BOS
+    /// the tokenizer added) start at 0, a character split over tokens counts once, and
+    /// nothing points past the text.
+    #[test]
+    fn prompt_offsets_are_positions_in_the_echo() {
+        // "<s>" + "Hello" + " world" over the text "Hello world".
+        assert_eq!(prompt_offsets(&[3, 5, 6], "Hello world"), [0, 0, 5]);
+        assert_eq!(prompt_offsets(&[5, 6], "Hello world"), [0, 5]);
+        // "é" is two bytes, split over two tokens, then "!".
+        assert_eq!(prompt_offsets(&[1, 1, 1], "é!"), [0, 1, 1]);
+        assert_eq!(prompt_offsets(&[1, 2], "é!"), [0, 1]);
+        // More text than tokens (the echo is what was sent): still inside it.
+        assert_eq!(prompt_offsets(&[2, 2], "abcdef"), [0, 2]);
+        assert!(prompt_offsets(&[], "x").is_empty());
+    }
 }

@@ -6,12 +6,14 @@
 //! - [`api`]: the routes (axum), request checks, OpenAI's JSON and SSE shapes.
 //! - [`text`]: generated tokens to streamed text (whole characters, stop strings).
 //! - [`metrics`]: counters and histograms for `/metrics`.
+//! - [`http`]: the accept loop (timeouts for slow clients, a connection limit).
 //!
 //! Threads: the HTTP side runs on a tokio runtime; the scheduler runs on its own
 //! thread (inside the backend's rayon pool), loads the model, then loops. `/health`
 //! answers 503 until the model is loaded.
 
 pub mod api;
+pub mod http;
 pub mod metrics;
 pub mod scheduler;
 pub mod text;
@@ -37,6 +39,10 @@ pub struct ServeConfig {
     pub max_queue: usize,
     /// `ctx_size` 0: `parallel` × the model's context.
     pub scheduler: SchedulerConfig,
+    /// How long a client may take to send a request's headers, and again its body.
+    pub timeout: std::time::Duration,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
 }
 
 /// What the HTTP side needs once the model is loaded.

@@ -359,13 +359,22 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         self.metrics.batch_sequences_max.fetch_max(members.len() as u64, Ordering::Relaxed);
-        // A prompt being scored needs the logits of every row it feeds: then the whole
-        // step computes all rows (per-row results do not depend on which rows are kept).
-        let all_rows = members.iter().any(|&i| {
-            let s = &self.running[i];
-            s.job.prompt_logprobs.is_some() && s.cached < s.job.prompt.len()
-        });
-        let rows = if all_rows { LogitRows::All } else { LogitRows::LastOfEachSeq };
+        // A prompt being scored needs the logits of every row it feeds, every other
+        // sequence those of its last row: `first[k]` is sequence k's first logits row
+        // (per-row results do not depend on which rows are kept).
+        let scoring = |s: &Seq<B::KvCache>| s.job.prompt_logprobs.is_some() && s.cached < s.job.prompt.len();
+        let any_scored = members.iter().any(|&i| scoring(&self.running[i]));
+        let mut wanted = Vec::new();
+        let mut first = Vec::with_capacity(members.len());
+        for (k, &i) in members.iter().enumerate() {
+            first.push(wanted.len());
+            if scoring(&self.running[i]) {
+                wanted.extend(seqs[k].rows.clone());
+            } else {
+                wanted.push(seqs[k].rows.end - 1);
+            }
+        }
+        let rows = if any_scored { LogitRows::Rows(&wanted) } else { LogitRows::LastOfEachSeq };
         let result = {
             let mut caches: Vec<&mut B::KvCache> =
                 self.running.iter_mut().zip(&feed).filter(|(_, f)| **f > 0).map(|(s, _)| &mut s.cache).collect();
@@ -390,18 +399,37 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         for (k, &i) in members.iter().enumerate() {
             let seq = &mut self.running[i];
             // The logits row of this sequence's last fed token.
-            let row = if all_rows { seqs[k].rows.end - 1 } else { k };
+            let row = if any_scored { first[k] + if scoring(seq) { feed[i] - 1 } else { 0 } } else { k };
             if let Some(n) = seq.job.prompt_logprobs
                 && seq.cached < seq.job.prompt.len()
             {
-                // Row r holds position cached + (r − start): it scores the token after it.
-                let scored: Vec<TokenLogprobs> = seqs[k]
-                    .rows
-                    .clone()
-                    .zip(seq.cached + 1..)
-                    .filter(|&(_, next)| next < seq.job.prompt.len())
-                    .map(|(r, next)| token_logprobs(self.logits.row(r), seq.job.prompt[next], n))
+                // Its j-th row holds position cached + j: it scores the token after it
+                // (the last prompt row chooses the first new token instead). Rows in
+                // parallel: each is a log-softmax over the vocabulary.
+                use rayon::prelude::*;
+                let (prompt, logits, row0) = (&seq.job.prompt, &self.logits, first[k]);
+                let rows = feed[i].min(prompt.len() - 1 - seq.cached);
+                let results: Vec<Result<TokenLogprobs, usize>> = (0..rows)
+                    .into_par_iter()
+                    .map(|j| {
+                        let row = logits.row(row0 + j);
+                        let next = seq.cached + j + 1;
+                        if row.iter().any(|v| !v.is_finite()) {
+                            return Err(next - 1);
+                        }
+                        Ok(token_logprobs(row, prompt[next], n))
+                    })
                     .collect();
+                let broken = results.iter().find_map(|r| r.as_ref().err().copied());
+                let scored: Vec<TokenLogprobs> = results.into_iter().filter_map(Result::ok).collect();
+                if let Some(pos) = broken {
+                    let _ = seq
+                        .job
+                        .events
+                        .send(Event::Failed(format!("the model produced non-finite logits at prompt position {pos}")));
+                    finished.push((i, None));
+                    continue;
+                }
                 if !scored.is_empty() {
                     let _ = seq.job.events.send(Event::PromptLogprobs(scored));
                 }

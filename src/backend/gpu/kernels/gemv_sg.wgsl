@@ -27,8 +27,12 @@ fn SG_ENTRY(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let last = min(first + p.group_cols, p.n);
     for (var col = first + sg; col < last; col = col + nsg) {
         var acc = Acc8();
-        for (var g = lane; g < p.k / wstep; g = g + size) {
-            wdot(&acc, col, g);
+        // The same trip count on every lane (only the last step's tail is masked), so
+        // the subgroup is converged at each subgroupAdd below.
+        for (var g0 = 0u; g0 < p.k / wstep; g0 = g0 + size) {
+            if (g0 + lane < p.k / wstep) {
+                wdot(&acc, col, g0 + lane);
+            }
         }
         acc.r0 = subgroupAdd(acc.r0);
         if (p.m > 1u) { acc.r1 = subgroupAdd(acc.r1); }
