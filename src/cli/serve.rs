@@ -56,7 +56,7 @@ pub struct ServeArgs {
     #[arg(long = "timeout", visible_alias = "to", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86400))]
     timeout: u64,
-    /// Connections served at once; more wait in the accept queue until one closes.
+    /// Connections served at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     max_connections: u32,
     #[command(flatten)]
