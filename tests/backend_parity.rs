@@ -453,32 +453,13 @@ fn gpu_every_kernel_variant() {
     }
 }
 
-/// Random GGUF blocks of `ty` for an `[n_out, n_in]` matrix: random quants, scales of
-/// about `scale` (finite f16), for Q4_1 an offset too.
+/// Random GGUF blocks of `ty` for an `[n_out, n_in]` matrix ([`random_blocks_any`]),
+/// Q8_0 without the quant -128, which llama.cpp's quantizer never writes.
 fn random_blocks(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_out: usize, n_in: usize) -> Vec<u8> {
-    use batch_forge::loaders::gguf::GgmlType;
-    let (bs, header) = match ty {
-        GgmlType::Q8_0 => (34, 2),
-        GgmlType::Q4_0 => (18, 2),
-        _ => (20, 4),
-    };
-    let mut out = vec![0u8; n_out * n_in / 32 * bs];
-    for blk in out.chunks_mut(bs) {
-        for b in blk.iter_mut() {
-            *b = rng.next_u64() as u8;
-        }
-        if ty == GgmlType::Q8_0 {
-            for b in &mut blk[2..] {
-                if *b == 0x80 {
-                    *b = 0x81; // llama.cpp's quantizer never writes -128
-                }
-            }
-        }
-        let d = half::f16::from_f32((rng.next_f64() as f32 + 0.05) * 0.02);
-        blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-        if header == 4 {
-            let m = half::f16::from_f32((rng.next_f64() as f32 - 0.5) * 0.1);
-            blk[2..4].copy_from_slice(&m.to_bits().to_le_bytes());
+    let mut out = random_blocks_any(rng, ty, n_out, n_in);
+    if ty == batch_forge::loaders::gguf::GgmlType::Q8_0 {
+        for blk in out.chunks_mut(34) {
+            blk[2..].iter_mut().filter(|b| **b == 0x80).for_each(|b| *b = 0x81);
         }
     }
     out
@@ -740,7 +721,6 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
 /// Random whole blocks of any GGUF block format: random bytes (quants, packed scales,
 /// high bits), then finite f16 scales where the format keeps them, so every value is
 /// finite and of ordinary size.
-#[cfg(feature = "gpu")]
 fn random_blocks_any(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_out: usize, n_in: usize) -> Vec<u8> {
     use batch_forge::loaders::gguf::GgmlType as G;
     let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
@@ -768,7 +748,6 @@ fn random_blocks_any(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_
     out
 }
 
-#[cfg(feature = "gpu")]
 fn rng_fill(rng: &mut Rng, out: &mut [u8]) {
     for c in out.chunks_mut(8) {
         let v = rng.next_u64().to_le_bytes();

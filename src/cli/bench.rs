@@ -450,7 +450,8 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                                 )?;
                                 if !backend.argmax_rows(&logits, &mut next)? {
                                     backend.to_host(&logits, &mut host)?;
-                                    next = (0..seqs).map(|r| argmax(host.row(r))).collect();
+                                    next =
+                                        (0..seqs).map(|r| batch_forge::engine::sampler::argmax(host.row(r))).collect();
                                 }
                                 // A non-finite row's marker is no token: keep decoding from 0.
                                 next.iter_mut().filter(|t| u64::from(**t) >= vocab).for_each(|t| *t = 0);
@@ -490,17 +491,6 @@ fn runs(args: &BenchArgs) -> Vec<(&'static str, usize, usize)> {
         }
     }
     out
-}
-
-/// The index of the largest value (the lowest on ties; NaN never wins).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] || row[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// `rate()` run `repetitions` times after one warm-up run: (median, best).

@@ -710,6 +710,15 @@ async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
 }
 
 /// Completions' logprobs object for `tokens`.
+/// Completions' `top_logprobs` entry: piece → log-probability, the most likely first.
+fn top_map(out: &TextOut, top: &[(u32, f64)]) -> Value {
+    let mut map = serde_json::Map::new();
+    for &(id, v) in top {
+        map.entry(out.piece(id)).or_insert(json!(v));
+    }
+    Value::Object(map)
+}
+
 fn completion_logprobs(out: &TextOut, tokens: &[TokenOut], base_chars: usize, text: &str) -> Value {
     let mut toks = Vec::new();
     let mut lps = Vec::new();
@@ -719,11 +728,7 @@ fn completion_logprobs(out: &TextOut, tokens: &[TokenOut], base_chars: usize, te
         let Some(lp) = &t.logprobs else { continue };
         toks.push(json!(out.piece(t.id)));
         lps.push(json!(lp.logprob));
-        let mut top = serde_json::Map::new();
-        for &(id, v) in &lp.top {
-            top.entry(out.piece(id)).or_insert(json!(v));
-        }
-        tops.push(Value::Object(top));
+        tops.push(top_map(out, &lp.top));
         let off = text.get(..t.offset).map_or(0, |s| s.chars().count());
         offsets.push(json!(base_chars + off));
     }
@@ -763,11 +768,7 @@ fn prompt_logprobs_json(out: &TextOut, prompt: &[u32], scored: &[TokenLogprobs],
         match i.checked_sub(1).and_then(|j| scored.get(j)) {
             Some(lp) => {
                 lps.push(json!(lp.logprob));
-                let mut top = serde_json::Map::new();
-                for &(t, v) in &lp.top {
-                    top.entry(out.piece(t)).or_insert(json!(v));
-                }
-                tops.push(Value::Object(top));
+                tops.push(top_map(out, &lp.top));
             }
             None => {
                 lps.push(Value::Null);

@@ -364,14 +364,15 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         // (per-row results do not depend on which rows are kept).
         let scoring = |s: &Seq<B::KvCache>| s.job.prompt_logprobs.is_some() && s.cached < s.job.prompt.len();
         let any_scored = members.iter().any(|&i| scoring(&self.running[i]));
-        let mut wanted = Vec::new();
-        let mut first = Vec::with_capacity(members.len());
-        for (k, &i) in members.iter().enumerate() {
-            first.push(wanted.len());
-            if scoring(&self.running[i]) {
-                wanted.extend(seqs[k].rows.clone());
-            } else {
-                wanted.push(seqs[k].rows.end - 1);
+        let (mut wanted, mut first) = (Vec::new(), Vec::new());
+        if any_scored {
+            for (k, &i) in members.iter().enumerate() {
+                first.push(wanted.len());
+                if scoring(&self.running[i]) {
+                    wanted.extend(seqs[k].rows.clone());
+                } else {
+                    wanted.push(seqs[k].rows.end - 1);
+                }
             }
         }
         let rows = if any_scored { LogitRows::Rows(&wanted) } else { LogitRows::LastOfEachSeq };

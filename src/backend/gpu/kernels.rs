@@ -5,9 +5,12 @@
 //! and KV cache, the f32 aliases otherwise), then `common.wgsl`, then the file. [`kernel_sources`] lists every
 //! variant the backend can compile, so the naga MSL test checks exactly what runs.
 //!
-//! Block-quantized weights have their own files (`qmatmul.wgsl`, `qembed.wgsl`), each
-//! compiled once per GGUF block format ([`QUANT_FORMATS`]) on first use: the header then
-//! names the block size, the block bytes and the format's decoder from `quant.wgsl`.
+//! The linear-layer kernels (`matmul.wgsl`: tiled matmul and the decode GEMVs) are
+//! written once over how they read their operands: `dense.wgsl` for f32/f16 weights,
+//! `qaccess.wgsl` for GGUF blocks decoded in registers. The block-quantized variants
+//! (and `qembed.wgsl`) are compiled once per block format ([`QUANT_FORMATS`]) on first
+//! use: their header names the block size, the block bytes and the format's decoder
+//! from `quant.wgsl`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -31,14 +34,13 @@ const REDUCE: &str = include_str!("kernels/reduce.wgsl");
 const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 
 /// The entry points of each file.
-pub const ENTRY_POINTS: [(&str, &[&str]); 8] = [
+pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
     ("elementwise.wgsl", &["add", "gelu", "swiglu"]),
     ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm"]),
     ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
     ("embed.wgsl", &["embed"]),
     ("argmax.wgsl", &["argmax"]),
-    ("qmatmul.wgsl", &["qmatmul", "qgemv", "qgemv_thread"]),
     ("qembed.wgsl", &["qembed"]),
 ];
 
@@ -55,34 +57,40 @@ pub const QUANT_FORMATS: [(GgmlType, &str); 8] = [
     (GgmlType::Q6K, "q6_k"),
 ];
 
-/// (file name, source) of each quantized kernel family.
-const QUANT_FILES: [(&str, &str); 2] =
-    [("qmatmul.wgsl", include_str!("kernels/qmatmul.wgsl")), ("qembed.wgsl", include_str!("kernels/qembed.wgsl"))];
+/// The files compiled once per block format: the linear layers (matmul.wgsl over the
+/// block decoder, `qaccess.wgsl`) and the embedding gather.
+const QUANT_FILES: [&str; 2] = ["matmul.wgsl", "qembed.wgsl"];
+const QEMBED: &str = include_str!("kernels/qembed.wgsl");
 const QUANT: &str = include_str!("kernels/quant.wgsl");
+/// How matmul.wgsl reads its operands: dense weights, or GGUF blocks.
+const DENSE_ACCESS: &str = include_str!("kernels/dense.wgsl");
+const QUANT_ACCESS: &str = include_str!("kernels/qaccess.wgsl");
 
-/// The subgroup GEMV (`gemv_sg.wgsl`), appended to the GEMV files under these entry
-/// names when the adapter has subgroups.
-pub const SUBGROUP_ENTRY_POINTS: [(&str, &str); 2] = [("matmul.wgsl", "gemv_sg"), ("qmatmul.wgsl", "qgemv_sg")];
+/// The file the subgroup GEMV (`gemv_sg.wgsl`, entry point [`SUBGROUP_ENTRY`]) is
+/// appended to when the adapter has subgroups. (No `enable subgroups;`: naga takes the
+/// built-ins from wgpu's device feature and rejects the directive for now.)
+pub const SUBGROUP_FILE: &str = "matmul.wgsl";
+pub const SUBGROUP_ENTRY: &str = "gemv_sg";
 const GEMV_SG: &str = include_str!("kernels/gemv_sg.wgsl");
 
-/// `body`, with the subgroup GEMV appended when `subgroups` and `file` has one, and the
-/// directive that enables it (none: naga takes subgroup built-ins from wgpu's device
-/// feature and rejects WGSL's `enable subgroups;` for now).
-fn with_subgroups(file: &str, body: &str, subgroups: bool) -> (String, &'static str) {
-    match SUBGROUP_ENTRY_POINTS.iter().find(|(f, _)| *f == file) {
-        Some((_, entry)) if subgroups => (format!("{body}\n{}", GEMV_SG.replace("SG_ENTRY", entry)), ""),
-        _ => (body.to_owned(), ""),
-    }
+/// matmul.wgsl's body after its operand access, with the subgroup GEMV when asked for.
+fn linear_body(access: &str, subgroups: bool) -> String {
+    let body = FILES.iter().find(|(name, _)| *name == SUBGROUP_FILE).expect("listed").1;
+    let sg = if subgroups { GEMV_SG.replace("SG_ENTRY", SUBGROUP_ENTRY) } else { String::new() };
+    format!("{access}\n{body}\n{sg}")
 }
 
-/// The full source of quantized kernel `file` for blocks of `ty` (with the subgroup
-/// GEMV when `subgroups`).
+/// The full source of quantized kernel `file` (one of `QUANT_FILES`) for blocks of `ty`
+/// (with the subgroup GEMV when `subgroups`).
 pub fn quant_source(file: &str, ty: GgmlType, subgroups: bool) -> Option<String> {
-    let body = QUANT_FILES.iter().find(|(name, _)| *name == file)?.1;
     let name = QUANT_FORMATS.iter().find(|(t, _)| *t == ty)?.1;
-    let (body, enable) = with_subgroups(file, body, subgroups);
+    let body = match file {
+        SUBGROUP_FILE => linear_body(QUANT_ACCESS, subgroups),
+        "qembed.wgsl" => QEMBED.to_owned(),
+        _ => return None,
+    };
     let header = format!(
-        "{enable}const QK: u32 = {}u;\nconst TS: u32 = {}u;\nfn deq4(b: u32, j: u32) -> vec4<f32> {{\n    return deq4_{name}(b, j);\n}}\n",
+        "const QK: u32 = {}u;\nconst TS: u32 = {}u;\nfn deq4(b: u32, j: u32) -> vec4<f32> {{\n    return deq4_{name}(b, j);\n}}\n",
         ty.block_size(),
         ty.type_size()
     );
@@ -93,10 +101,9 @@ pub fn quant_source(file: &str, ty: GgmlType, subgroups: bool) -> Option<String>
 /// or f32 (with the subgroup GEMV when `subgroups`).
 pub fn source(file: &str, f16: bool, subgroups: bool) -> Option<String> {
     let body = FILES.iter().find(|(name, _)| *name == file)?.1;
-    let (body, enable) = with_subgroups(file, body, subgroups);
-    let types =
+    let body = if file == SUBGROUP_FILE { linear_body(DENSE_ACCESS, subgroups) } else { body.to_owned() };
+    let header =
         if f16 { "enable f16;\nalias W = f16;\nalias KV = f16;\n" } else { "alias W = f32;\nalias KV = f32;\n" };
-    let header = format!("{enable}{types}");
     let reduce = if USES_REDUCE.contains(&file) { REDUCE } else { "" };
     Some(format!("{header}\n{COMMON}\n{reduce}\n{body}"))
 }
@@ -109,7 +116,7 @@ pub fn kernel_sources() -> Vec<(String, String)> {
     for subgroups in [false, true] {
         let sg = if subgroups { " +subgroups" } else { "" };
         for (file, _) in FILES {
-            if subgroups && !SUBGROUP_ENTRY_POINTS.iter().any(|(f, _)| *f == file) {
+            if subgroups && file != SUBGROUP_FILE {
                 continue;
             }
             out.push((format!("{file} (f32){sg}"), source(file, false, subgroups).expect("listed")));
@@ -117,8 +124,8 @@ pub fn kernel_sources() -> Vec<(String, String)> {
                 out.push((format!("{file} (f16){sg}"), source(file, true, subgroups).expect("listed")));
             }
         }
-        for (file, _) in QUANT_FILES {
-            if subgroups && !SUBGROUP_ENTRY_POINTS.iter().any(|(f, _)| *f == file) {
+        for file in QUANT_FILES {
+            if subgroups && file != SUBGROUP_FILE {
                 continue;
             }
             for (ty, name) in QUANT_FORMATS {
@@ -152,9 +159,7 @@ fn slots(entry: &str) -> &'static [(u32, Slot)] {
         "add_rms_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (5, ReadWrite)],
         "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
         "add_layer_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (4, Read), (5, ReadWrite)],
-        "matmul" | "gemv" | "gemv_thread" | "gemv_sg" | "qmatmul" | "qgemv" | "qgemv_thread" | "qgemv_sg" => {
-            &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)]
-        }
+        "matmul" | "gemv" | "gemv_thread" | "gemv_sg" => &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)],
         "kv_store" => &[(1, Read), (2, ReadWrite), (4, Read)],
         "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite), (4, Read)],
         "embed" | "qembed" => &[(1, Read), (2, Read), (3, ReadWrite)],
@@ -279,13 +284,13 @@ impl QuantKernels {
                 .with_context(|| format!("no GPU kernels for {} blocks", ty.name()))?;
             compile_module(device, &format!("{file} ({})", ty.name()), src)
         };
-        let (mm, embed) = (module("qmatmul.wgsl")?, module("qembed.wgsl")?);
+        let (mm, embed) = (module(SUBGROUP_FILE)?, module("qembed.wgsl")?);
         Ok(QuantKernels {
             ty,
-            matmul: build_kernel(device, &mm, "qmatmul")?,
-            gemv: build_kernel(device, &mm, "qgemv")?,
-            gemv_thread: build_kernel(device, &mm, "qgemv_thread")?,
-            gemv_sg: subgroups.then(|| build_kernel(device, &mm, "qgemv_sg")).transpose()?,
+            matmul: build_kernel(device, &mm, "matmul")?,
+            gemv: build_kernel(device, &mm, "gemv")?,
+            gemv_thread: build_kernel(device, &mm, "gemv_thread")?,
+            gemv_sg: subgroups.then(|| build_kernel(device, &mm, SUBGROUP_ENTRY)).transpose()?,
             embed: build_kernel(device, &embed, "qembed")?,
         })
     }

@@ -1,4 +1,4 @@
-// Decode GEMV with subgroup reductions (appended to matmul.wgsl or qmatmul.wgsl when the
+// Decode GEMV with subgroup reductions (appended to matmul.wgsl, dense or quantized, when the
 // adapter has wgpu's subgroup feature, which the device is then opened with).
 //
 // Each subgroup owns whole output columns: its lanes stride along the column's weight

@@ -1,8 +1,9 @@
 // out[m, n_off + n] = act(a[m, :] . w[n, :] + bias[n_off + n]) for one chunk of weight rows.
 //
 // Weights are stored [out, in] row-major (the Rust side transposes Conv1D's [in, out]
-// at load), in chunks of whole rows that each fit one storage binding. `W` is f32, or
-// f16 when the adapter has shader-f16; accumulation is always f32.
+// at load), in chunks of whole rows that each fit one storage binding: f32, f16 when
+// the adapter has shader-f16 (dense.wgsl), or GGUF blocks decoded in registers
+// (qaccess.wgsl); accumulation is always f32.
 //
 // `matmul`: prefill. A 64x64 output tile per 256-invocation workgroup, 4x4 outputs per
 // invocation, K walked in steps of 16 through workgroup memory (a and w tiles stored
@@ -22,10 +23,13 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<W>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// Bindings 1 (`a`) and 2 (`w`), and how they are read, come from the access part the
+// Rust side puts before this file: dense.wgsl (f32/f16 weights) or qaccess.wgsl
+// (GGUF blocks). It defines `aload4(row, k)` and `wload4(row, k)` (values k..k+3 of a
+// row, zero past its end), `wstep` (weight values one GEMV step takes: 1 dense, 4
+// quantized) and `wdot(acc, col, g)` (step g of column `col` into the 8 row sums).
 
 fn finish(acc: f32, col: u32) -> f32 {
     var v = acc;
@@ -61,16 +65,11 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         let wr = col0 + load_r;
         var av = vec4<f32>(0.0);
         var wv = vec4<f32>(0.0);
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let kk = k0 + load_k + j;
-            if (kk < p.k) {
-                if (ar < p.m) {
-                    av[j] = a[ar * p.k + kk];
-                }
-                if (wr < p.n) {
-                    wv[j] = f32(w[wr * p.k + kk]);
-                }
-            }
+        if (ar < p.m) {
+            av = aload4(ar, k0 + load_k);
+        }
+        if (wr < p.n) {
+            wv = wload4(wr, k0 + load_k);
         }
         // Transpose into k-major tiles: element (k, r) lives at [k][r / 4][r % 4].
         for (var j = 0u; j < 4u; j = j + 1u) {
@@ -116,18 +115,6 @@ struct Acc8 {
     r7: f32,
 }
 
-// acc[r] += a[r, kk] * wv for the rows r < m.
-fn accumulate(acc: ptr<function, Acc8>, kk: u32, wv: f32) {
-    (*acc).r0 = (*acc).r0 + a[kk] * wv;
-    if (p.m > 1u) { (*acc).r1 = (*acc).r1 + a[1u * p.k + kk] * wv; }
-    if (p.m > 2u) { (*acc).r2 = (*acc).r2 + a[2u * p.k + kk] * wv; }
-    if (p.m > 3u) { (*acc).r3 = (*acc).r3 + a[3u * p.k + kk] * wv; }
-    if (p.m > 4u) { (*acc).r4 = (*acc).r4 + a[4u * p.k + kk] * wv; }
-    if (p.m > 5u) { (*acc).r5 = (*acc).r5 + a[5u * p.k + kk] * wv; }
-    if (p.m > 6u) { (*acc).r6 = (*acc).r6 + a[6u * p.k + kk] * wv; }
-    if (p.m > 7u) { (*acc).r7 = (*acc).r7 + a[7u * p.k + kk] * wv; }
-}
-
 fn row_of(acc: Acc8, r: u32) -> f32 {
     switch r {
         case 0u: { return acc.r0; }
@@ -153,9 +140,8 @@ fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let lane = tid % 32u;
     var acc = Acc8();
     if (col < p.n) {
-        let wbase = col * p.k;
-        for (var kk = lane; kk < p.k; kk = kk + 32u) {
-            accumulate(&acc, kk, f32(w[wbase + kk]));
+        for (var g = lane; g < p.k / wstep; g = g + 32u) {
+            wdot(&acc, col, g);
         }
     }
     for (var r = 0u; r < p.m; r = r + 1u) {
@@ -187,17 +173,10 @@ fn gemv_thread(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         return;
     }
     var acc = Acc8();
-    let wbase = col * p.k;
-    for (var kk = 0u; kk < p.k; kk = kk + 1u) {
-        accumulate(&acc, kk, f32(w[wbase + kk]));
+    for (var g = 0u; g < p.k / wstep; g = g + 1u) {
+        wdot(&acc, col, g);
     }
     for (var r = 0u; r < p.m; r = r + 1u) {
         out[r * p.ldo + p.n_off + col] = finish(row_of(acc, r), col);
     }
-}
-
-// The subgroup GEMV's step (gemv_sg.wgsl): one weight of `col` at k = g.
-const wstep: u32 = 1u;
-fn wdot(acc: ptr<function, Acc8>, col: u32, g: u32) {
-    accumulate(acc, g, f32(w[col * p.k + g]));
 }
