@@ -32,14 +32,17 @@ for ck in tiny-gpt2 tiny-gpt2-hf-saved tiny-gpt2-f16; do
         $FORGE generate -m tests/fixtures/$ck "Hello, I'm a language model," -n 40 --greedy --backend both $flags | tail -1
     done
 done 2>&1 | tee "$OUT/lockstep.txt"
-# Llama-family models: the f32 path on both backends (the cpu default quantizes activations).
+# Llama-family models: the gpu's blocks decoded in its kernels against the cpu's f32 path
+# over the same decoded values (what --backend both runs without --dtype).
 for f in tests/fixtures/tiny-llama tests/fixtures/tiny-llama/tiny-llama.q4_0.gguf \
-    tests/fixtures/tiny-llama-k/tiny-llama-k.q4_k.gguf tests/fixtures/tiny-llama-odd/tiny-llama-odd.f16.gguf; do
+    tests/fixtures/tiny-llama/tiny-llama.q8_0.gguf tests/fixtures/tiny-llama/tiny-llama.q5_1.gguf \
+    tests/fixtures/tiny-llama-k/tiny-llama-k.q4_k.gguf tests/fixtures/tiny-llama-k/tiny-llama-k.q6_k.gguf \
+    tests/fixtures/tiny-llama-odd/tiny-llama-odd.f16.gguf ${SMOLLM2:-}; do
     echo "== $f"
-    $FORGE generate -m "$f" "The quick brown fox" -n 24 --greedy --backend both --dtype f32 | tail -1
+    $FORGE generate -m "$f" "The quick brown fox" -n 24 --greedy --ignore-eos --backend both | tail -1
 done 2>&1 | tee -a "$OUT/lockstep.txt"
 # Parity and whole-model tests on the real adapter (when their binaries were carried).
-for t in backend_parity gpu_backend model_hf_gpu model_llama; do
+for t in backend_parity gpu_backend model_hf_gpu model_llama cli; do
     bin=$(ls target/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1)
     [ -n "$bin" ] && CI=true "$bin" --test-threads 1 --nocapture 2>&1 | grep -E "gpu|test result|panicked"
 done 2>&1 | tee "$OUT/parity.txt"
@@ -50,6 +53,8 @@ for m in gpt2 gpt2-xl; do
     $FORGE random-model --preset $m --out /tmp/rand-$m --force --tokenizer-from tests/fixtures/gpt2-tokenizer >/dev/null
     for t in q8_0 q4_0; do
         $FORGE quantize /tmp/rand-$m /tmp/rand-$m.$t.gguf --type $t >/dev/null
+        # The gpu's in-register decoding against the cpu's f32 path, step by step.
+        $FORGE generate -m /tmp/rand-$m.$t.gguf "Hello" -n 16 --greedy --ignore-eos --backend both | tail -1
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu -p 512 -n 128 --npl 1,16,64 -r 5
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu --dtype f16 -p 512 -n 128 -r 5
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend cpu -p 512 -n 128 -r 3
@@ -72,4 +77,6 @@ done 2>&1 | tee "$OUT/hf_cuda.txt"
 # SmolLM2 through transformers' GGUF loader (dequantized: HF has no quantized kernels for it).
 if [ -n "${SMOLLM2:-}" ] && [ -f "$SMOLLM2" ] && python3 -c "import gguf, accelerate" 2>/dev/null; then
     python3 scripts/hf_bench.py "$SMOLLM2" --device cuda --dtype f16 -p 512 -n 128 -r 5 --npl 1,16,64
+else
+    echo "HF on SmolLM2 skipped: set SMOLLM2 and pip install gguf accelerate"
 fi 2>&1 | tee -a "$OUT/hf_cuda.txt"

@@ -294,7 +294,6 @@ impl GpuBackend {
         self.f16
     }
 
-    /// The largest storage binding the device allows, in bytes.
     /// Device memory taken by the weights loaded so far (matrices and vectors).
     pub fn weight_bytes(&self) -> u64 {
         self.weight_bytes.load(std::sync::atomic::Ordering::Relaxed)
@@ -312,6 +311,7 @@ impl GpuBackend {
         self.subgroups
     }
 
+    /// The largest storage binding the device allows, in bytes.
     pub fn max_binding_bytes(&self) -> u64 {
         self.max_binding
     }
@@ -319,6 +319,12 @@ impl GpuBackend {
     /// The most bytes one chunk of weight rows may hold: one storage binding (or the
     /// `chunk_bytes` option), at most 4 GiB (kernels address a chunk's bytes with u32),
     /// a whole number of words (so the padding to one stays inside the binding).
+    /// The most weight rows in one chunk: the tiled matmul covers a chunk with one
+    /// workgroup per 64 rows in one grid dimension.
+    fn max_chunk_rows(&self) -> usize {
+        self.max_groups as usize * 64
+    }
+
     fn chunk_limit(&self) -> u64 {
         self.max_binding.min(u64::from(u32::MAX)).min(self.opts.chunk_bytes.unwrap_or(u64::MAX)) & !3
     }
@@ -766,7 +772,7 @@ impl Backend for GpuBackend {
             "{}: one row of {cols} values exceeds the adapter's largest storage binding",
             t.name
         );
-        let chunk_rows = ((self.chunk_limit() / row_bytes) as usize).max(1);
+        let chunk_rows = ((self.chunk_limit() / row_bytes) as usize).clamp(1, self.max_chunk_rows());
         let mut chunks = Vec::new();
         for row0 in (0..rows).step_by(chunk_rows) {
             let n = chunk_rows.min(rows - row0);
@@ -813,7 +819,7 @@ impl Backend for GpuBackend {
             "{name}: one row of {n_in} values exceeds the adapter's largest storage binding"
         );
         let q = self.quant_kernels(ty)?;
-        let chunk_rows = ((self.chunk_limit() / row_bytes as u64) as usize).max(1);
+        let chunk_rows = ((self.chunk_limit() / row_bytes as u64) as usize).clamp(1, self.max_chunk_rows());
         let mut chunks = Vec::new();
         for row0 in (0..n_out).step_by(chunk_rows) {
             let n = chunk_rows.min(n_out - row0);

@@ -1,7 +1,8 @@
 // GGUF block-quantized weights for matmul.wgsl: `w` is a chunk's blocks as the file
 // stores them, decoded in registers four values at a time (quant.wgsl's `wq4`), with
 // f32 accumulation; no f32 or f16 copy of the weights exists. k is a multiple of the
-// block size, so of 4: `a` is read as 4-vectors.
+// block size (32 or 256 values), so of the matmul's 16-value k steps: loads need no
+// bounds on k, and `a` is read as 4-vectors.
 
 @group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
