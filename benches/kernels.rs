@@ -5,6 +5,7 @@ use std::hint::black_box;
 
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, matmul};
+use batch_forge::backend::cpu::qmatmul::{self, Q8Rows, QMatrix, QType};
 use batch_forge::backend::cpu::simd::{self, Isa};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -60,5 +61,53 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmuls, elementwise);
+/// GGUF blocks of `ty` for `n` values (random quants, small positive scales).
+fn blocks(ty: QType, n: usize, seed: u32) -> Vec<u8> {
+    let v = values(n / 32 * ty.block_bytes(), seed);
+    let mut bytes: Vec<u8> = v.iter().map(|x| (x * 512.0) as i32 as u8).collect();
+    for blk in bytes.chunks_mut(ty.block_bytes()) {
+        let scale = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+        blk[..2].copy_from_slice(&scale);
+        if ty == QType::Q4_1 {
+            blk[2..4].copy_from_slice(&scale);
+        }
+    }
+    bytes
+}
+
+/// The quantized kernels at decode (1 row) and batched (4, 16, 64 rows) shapes. "stream":
+/// 40 matrices of 3072 × 768 (~50-100 MB, past the caches, as a decode step reads them);
+/// "cached": one 768 × 768 matrix that stays in L2 (the kernel's arithmetic alone).
+fn qmatmuls(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let mut g = c.benchmark_group("qmatmul");
+    g.sample_size(20);
+    for ty in [QType::Q8_0, QType::Q4_0, QType::Q4_1] {
+        for (n_mats, n_out, n_in, label) in [(40, 3072, 768, "stream"), (1, 768, 768, "cached")] {
+            let mats: Vec<QMatrix> = (0..n_mats)
+                .map(|m| QMatrix::new(ty, n_out, n_in, &blocks(ty, n_out * n_in, m as u32)).unwrap())
+                .collect();
+            for rows in [1, 4, 16, 64] {
+                if label == "stream" && rows > 1 {
+                    continue;
+                }
+                let x = values(rows * n_in, 2);
+                let mut q8 = Q8Rows::default();
+                qmatmul::quantize_rows(&x, rows, n_in, &mut q8);
+                let mut out = vec![0.0; rows * n_out];
+                g.throughput(Throughput::Bytes(mats.iter().map(|m| m.bytes() as u64).sum()));
+                g.bench_function(format!("{} {label} {n_out}x{n_in} T={rows}", ty.name()), |b| {
+                    b.iter(|| {
+                        for m in &mats {
+                            qmatmul::qmatmul(isa, m, black_box(&q8), rows, &mut out);
+                        }
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matmuls, qmatmuls, elementwise);
 criterion_main!(benches);

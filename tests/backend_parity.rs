@@ -579,8 +579,10 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
         // Shapes: partial groups of 3, 1, 2 rows; remainders of 1-3 rows past chunks of
-        // four; (70, 512, 9) runs prefill over several parallel tasks. The last case has
-        // every weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127).
+        // four; (70, 512, 9) runs prefill over several parallel tasks. Case 5 has every
+        // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
+        // three end rows in a partial quad of 3, 2 and 1 blocks (not for Q4_K's 256-wide
+        // super-blocks, always whole quads).
         for (case, (n_out, n_in, t, scale)) in [
             (7, 256, 7, 1.0),
             (13, 512, 6, 1e3),
@@ -588,10 +590,16 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
             (33, 256, 1, 10.0),
             (70, 512, 9, 1.0),
             (6, 256, 5, 1.0),
+            (5, 96, 3, 1e2),
+            (9, 576, 2, 1.0),
+            (3, 160, 5, 1e-2),
         ]
         .into_iter()
         .enumerate()
         {
+            if ty == GgmlType::Q4K && n_in % 256 != 0 {
+                continue;
+            }
             let extreme = case == 5;
             let mut bytes = if ty == GgmlType::Q4K {
                 let mut b: Vec<u8> = (0..n_out * n_in / 256 * 144).map(|_| rng.next_u64() as u8).collect();

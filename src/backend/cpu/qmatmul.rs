@@ -18,18 +18,21 @@
 //! about 1% relative error per layer against a dequantized f32 run (`--dtype f32` takes
 //! that path, through [`super::PackedMatrix`]).
 //!
-//! **One order of arithmetic everywhere.** Each output is, block by block in order,
-//! `acc = fma(d_w · d_x, Σ w·q, acc)` with the block's integer sum complete first (Q4_0's
-//! `Σ (n − 8)·q` as `Σ n·q − 8·Σq`), plus for Q4_1 `off = fma(m_w, s_x, off)`, and finally
-//! `acc + off`. The AVX2 kernels and the portable path follow it exactly, so they agree bit
-//! for bit, and a row's result never depends on how many rows are multiplied with it
-//! (decode and prefill, alone or batched: the server's batch invariance).
+//! **One order of arithmetic everywhere.** Each output keeps four float lanes; block `b`
+//! goes to lane `k = b % 4` as `acc[k] = fma(d_w · d_x, Σ w·q, acc[k])` with the block's
+//! integer sum complete first (Q4_0's `Σ (n − 8)·q` as `Σ n·q − 8·Σq`), plus for Q4_1
+//! `off[k] = fma(m_w, s_x, off[k])`; then `t[k] = acc[k] + off[k]` and the output is
+//! `(t0 + t2) + (t1 + t3)`. The SIMD kernels and the portable path follow it exactly, so
+//! they agree bit for bit, and a row's result never depends on how many rows are
+//! multiplied with it (decode and prefill, alone or batched: the server's batch invariance).
 //!
-//! Kernels: AVX2 over a group of four interleaved weight rows at a time: Q4 nibbles of two
-//! rows in one register (`maddubs` on 16 + 16 bytes), Q8_0 with `sign`/`maddubs` (with
-//! VNNI: `vpdpbusd` on the weights offset by 128, less 128 · the activation block's sum), the four
-//! rows' integer sums gathered by `hadd` into one 4-lane vector, scaled by one FMA per
-//! block; in prefill each decoded weight group meets four activation rows.
+//! Kernels, over a group of four interleaved weight rows and a quad of four blocks at a
+//! time: each block gives, per row, a vector of 4 partial integer sums (AVX-512 VNNI: one
+//! 512-bit `vpdpbusd` pair for all four rows, Q8_0 on weights offset by 128 less 128 · the
+//! activation block's sum; AVX2: `maddubs`/`madd`, two rows per 256-bit register); the
+//! quad's four such vectors are transposed and added (`unpack` + `add`, no horizontal
+//! adds) into `[row][block]` sums, scaled by one vector multiply and FMA per quad. In
+//! prefill each decoded weight block meets four activation rows.
 
 use half::f16;
 use rayon::prelude::*;
@@ -91,17 +94,49 @@ impl QType {
 /// Rows interleaved per group (see [`QMatrix`]).
 pub const GROUP: usize = 4;
 
-/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, rearranged at load: each
-/// block's quants (`qs`, as in the file) apart from its scales widened to f32 (`dm`: `d`,
-/// and `m` for Q4_1; f16 → f32 is exact), and the rows interleaved in groups of
-/// [`GROUP`] block by block (`[group][block][row][…]`), so a decode step reads each group
-/// as one sequential stream. A last partial group is padded with zero rows.
+/// Blocks per quad: a row's blocks are accumulated in [`LANES`] float lanes, block `b`
+/// in lane `b % 4` (see the module doc), and scales are stored a quad at a time.
+pub const LANES: usize = 4;
+
+/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, rearranged at load into groups
+/// of [`GROUP`] rows, so a decode step reads each group as one sequential stream; a last
+/// partial group is padded with zero rows.
+/// - Quants (`qs`), block by block, the group's four rows together: Q4 blocks as
+///   `[r0 16 B][r1][r2][r3]` (as in the file), Q8_0 blocks split in halves,
+///   `[r0 values 0-15][r1][r2][r3][r0 values 16-31][r1][r2][r3]`, so one 512-bit register
+///   (or two 256-bit ones) holds the same 16 values of all four rows.
+/// - Scales (`dm`), a quad of blocks at a time: `d` as `[r0: b0 b1 b2 b3][r1: …][r2: …]
+///   [r3: …]`, then `m` (Q4_1) the same way; the blocks of a last partial quad past the
+///   row's end have zero scales. They stay f16 as the file has them (the kernels widen
+///   them, exactly), but for Q4_K's sub-block scales `d · scale`, which need f32.
 pub struct QMatrix {
     pub ty: QType,
     pub n_in: usize,
     pub n_out: usize,
     qs: Vec<u8>,
-    dm: Vec<f32>,
+    dm: Scales,
+}
+
+/// Stored scales: f16 bits, or f32 where f16 cannot hold them exactly.
+enum Scales {
+    Half(Vec<u16>),
+    Full(Vec<f32>),
+}
+
+/// A slice of [`Scales`].
+#[derive(Clone, Copy)]
+enum ScaleSlice<'a> {
+    Half(&'a [u16]),
+    Full(&'a [f32]),
+}
+
+impl ScaleSlice<'_> {
+    fn get(self, i: usize) -> f32 {
+        match self {
+            ScaleSlice::Half(h) => f16::from_bits(h[i]).to_f32(),
+            ScaleSlice::Full(f) => f[i],
+        }
+    }
 }
 
 /// One row of a [`QMatrix`]: its group's data and its place in the group.
@@ -109,18 +144,28 @@ pub struct QMatrix {
 struct RowRef<'a> {
     ty: QType,
     qs: &'a [u8],
-    dm: &'a [f32],
+    dm: ScaleSlice<'a>,
     r: usize,
 }
 
-impl<'a> RowRef<'a> {
-    /// Block `b`: its quants, its scale `d` and its offset `m` (0 but for Q4_1).
-    fn block(&self, b: usize) -> (&'a [u8], f32, f32) {
+impl RowRef<'_> {
+    /// Block `b`: its quants in the file's order (Q4's 16 bytes first, then zeros), its
+    /// scale `d` and its offset `m` (0 but for Q4_1).
+    fn block(&self, b: usize) -> ([u8; QK], f32, f32) {
         let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
-        let i = b * GROUP + self.r;
-        let m = if ns == 2 { self.dm[b * GROUP * ns + GROUP + self.r] } else { 0.0 };
-        (&self.qs[i * qb..(i + 1) * qb], self.dm[b * GROUP * ns + self.r], m)
+        let mut q = [0u8; QK];
+        let blk = &self.qs[b * GROUP * qb..(b + 1) * GROUP * qb];
+        for (h, half) in q[..qb].chunks_exact_mut(16).enumerate() {
+            half.copy_from_slice(&blk[(h * GROUP + self.r) * 16..][..16]);
+        }
+        let at = |kind: usize| self.dm.get(scale_index(ns, b, kind, self.r));
+        (q, at(0), if ns == 2 { at(1) } else { 0.0 })
     }
+}
+
+/// Where, in a group's scales, row `r`'s scale `kind` (0: `d`, 1: `m`) of block `b` is.
+fn scale_index(ns: usize, b: usize, kind: usize, r: usize) -> usize {
+    (b / LANES * ns + kind) * GROUP * LANES + r * LANES + b % LANES
 }
 
 /// Rows re-blocked between two calls of the loader's `done` in [`QMatrix::new_with`].
@@ -157,7 +202,9 @@ impl QMatrix {
                 *v = f16_at(blk, 2 * i);
             }
         };
-        Ok(Self::from_blocks(ty, n_out, n_in, fill, |rows| done(&bytes[rows.start * row_bytes..rows.end * row_bytes])))
+        Ok(Self::from_blocks(ty, true, n_out, n_in, fill, |rows| {
+            done(&bytes[rows.start * row_bytes..rows.end * row_bytes])
+        }))
     }
 
     /// GGUF Q4_K blocks held as Q4_1 blocks with f32 scales, losslessly: each sub-block of
@@ -198,7 +245,7 @@ impl QMatrix {
                 *byte = nib(i) | nib(i + 16) << 4;
             }
         };
-        Ok(Self::from_blocks(QType::Q4_1, n_out, n_in, fill, |rows| {
+        Ok(Self::from_blocks(QType::Q4_1, false, n_out, n_in, fill, |rows| {
             done(&bytes[rows.start * row_bytes..rows.end * row_bytes])
         }))
     }
@@ -229,15 +276,16 @@ impl QMatrix {
             q.copy_from_slice(&blk[2..]);
             dm[0] = f16_at(blk, 0);
         };
-        Ok(Self::from_blocks(QType::Q8_0, n_out, n_in, fill, done))
+        Ok(Self::from_blocks(QType::Q8_0, true, n_out, n_in, fill, done))
     }
 
-    /// The group-interleaved layout, each block's quants and `[d, m]` written by
-    /// `fill(row, block, quants, scales)`. Per block of a group the quants of its four rows
-    /// follow each other, then their scales: `d0 d1 d2 d3` (and `m0 m1 m2 m3` for Q4_1).
+    /// The group-interleaved layout ([`QMatrix`]), each block's quants (in the file's
+    /// order) and `[d, m]` written by `fill(row, block, quants, scales)`; `half`: the
+    /// scales are f16 values (kept as f16).
     /// `done(rows)` hears of each run of [`RELEASE_ROWS`] rows once it is written.
     fn from_blocks(
         ty: QType,
+        half: bool,
         n_out: usize,
         n_in: usize,
         fill: impl Fn(usize, usize, &mut [u8], &mut [f32; 2]),
@@ -245,30 +293,46 @@ impl QMatrix {
     ) -> Self {
         let nb = n_in / QK;
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
-        let n_slots = n_out.div_ceil(GROUP) * GROUP * nb;
-        let mut qs = super::matmul::huge_page_vec(n_slots * qb, 0u8);
-        let mut dm = super::matmul::huge_page_vec(n_slots * ns, 0f32);
+        let n_groups = n_out.div_ceil(GROUP);
+        let group_scales = nb.div_ceil(LANES) * ns * GROUP * LANES;
+        let mut qs = super::matmul::huge_page_vec(n_groups * nb * GROUP * qb, 0u8);
+        let mut dm = vec![0f32; if half { 0 } else { n_groups * group_scales }];
+        let mut dh = vec![0u16; if half { n_groups * group_scales } else { 0 }];
+        let mut q = [0u8; QK];
         for j in 0..n_out {
             let (g, r) = (j / GROUP, j % GROUP);
             for b in 0..nb {
-                let gb = g * nb + b;
-                let slot = gb * GROUP + r;
                 let mut sc = [0f32; 2];
-                fill(j, b, &mut qs[slot * qb..(slot + 1) * qb], &mut sc);
-                for (k, v) in sc.into_iter().take(ns).enumerate() {
-                    dm[gb * GROUP * ns + k * GROUP + r] = v;
+                fill(j, b, &mut q[..qb], &mut sc);
+                let blk = &mut qs[(g * nb + b) * GROUP * qb..][..GROUP * qb];
+                for (h, half) in q[..qb].chunks_exact(16).enumerate() {
+                    blk[(h * GROUP + r) * 16..][..16].copy_from_slice(half);
+                }
+                for (kind, v) in sc.into_iter().take(ns).enumerate() {
+                    let i = g * group_scales + scale_index(ns, b, kind, r);
+                    if half {
+                        // The caller's values came from f16: the round trip is exact.
+                        dh[i] = f16::from_f32(v).to_bits();
+                    } else {
+                        dm[i] = v;
+                    }
                 }
             }
             if (j + 1).is_multiple_of(RELEASE_ROWS) || j + 1 == n_out {
                 done(j / RELEASE_ROWS * RELEASE_ROWS..j + 1);
             }
         }
+        let dm = if half { Scales::Half(dh) } else { Scales::Full(dm) };
         QMatrix { ty, n_in, n_out, qs, dm }
     }
 
     /// Bytes of weight data in memory.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * self.dm.len()
+        self.qs.len()
+            + match &self.dm {
+                Scales::Half(h) => 2 * h.len(),
+                Scales::Full(f) => 4 * f.len(),
+            }
     }
 
     fn blocks_per_row(&self) -> usize {
@@ -276,10 +340,14 @@ impl QMatrix {
     }
 
     /// Group `g`'s quants and scales.
-    fn group(&self, g: usize) -> (&[u8], &[f32]) {
+    fn group(&self, g: usize) -> (&[u8], ScaleSlice<'_>) {
         let nb = self.blocks_per_row();
-        let (qg, sg) = (nb * GROUP * self.ty.quant_bytes(), nb * GROUP * self.ty.scales());
-        (&self.qs[g * qg..(g + 1) * qg], &self.dm[g * sg..(g + 1) * sg])
+        let (qg, sg) = (nb * GROUP * self.ty.quant_bytes(), nb.div_ceil(LANES) * LANES * GROUP * self.ty.scales());
+        let scales = match &self.dm {
+            Scales::Half(h) => ScaleSlice::Half(&h[g * sg..(g + 1) * sg]),
+            Scales::Full(f) => ScaleSlice::Full(&f[g * sg..(g + 1) * sg]),
+        };
+        (&self.qs[g * qg..(g + 1) * qg], scales)
     }
 
     fn row(&self, j: usize) -> RowRef<'_> {
@@ -294,7 +362,7 @@ impl QMatrix {
             let (q, d, m) = row.block(b);
             match self.ty {
                 QType::Q8_0 => {
-                    for (v, &q) in vals.iter_mut().zip(q) {
+                    for (v, &q) in vals.iter_mut().zip(&q) {
                         *v = d * (q as i8) as f32;
                     }
                 }
@@ -425,7 +493,8 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
         }
     };
     if t_rows == 1 {
-        // Decode: contiguous runs of row groups per thread, on the spinning team.
+        // Decode: contiguous runs of row groups per thread, on the spinning team. (Threads
+        // taking short runs from a shared counter balanced better but read memory slower.)
         let threads = rayon::current_num_threads();
         let part = |p: usize| {
             for g in n_groups * p / threads..n_groups * (p + 1) / threads {
@@ -483,21 +552,25 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
     if isa.is_avx2() {
         let x = xq.q[t * n_in..].as_ptr();
         let (d, s, sum) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr(), xq.sum[t * nb..].as_ptr());
-        let (q, sc) = (qs.as_ptr(), dm.as_ptr());
-        // One kernel per (type, activation rows), with VNNI where the CPU has it.
+        let q = qs.as_ptr();
+        let (sc, half) = match dm {
+            ScaleSlice::Half(h) => (h.as_ptr() as *const u8, true),
+            ScaleSlice::Full(f) => (f.as_ptr() as *const u8, false),
+        };
+        // One kernel per (type, scale width, activation rows), with VNNI where the CPU has it.
         macro_rules! pick {
-            ($ty:literal, $n:literal) => {{
-                let f = if isa.has_vnni() { x86::group_dot_vnni::<$ty, $n> } else { x86::group_dot::<$ty, $n> };
+            ($ty:literal, $h:literal, $n:literal) => {{
+                let f = if isa.has_vnni() { x86::group_dot_vnni::<$ty, $h, $n> } else { x86::group_dot::<$ty, $h, $n> };
                 f(q, sc, nb, x, d, s, sum, sums)
             }};
         }
         macro_rules! go {
-            ($ty:literal) => {
+            ($ty:literal, $h:literal) => {
                 match n {
-                    1 => pick!($ty, 1),
-                    2 => pick!($ty, 2),
-                    3 => pick!($ty, 3),
-                    _ => pick!($ty, 4),
+                    1 => pick!($ty, $h, 1),
+                    2 => pick!($ty, $h, 2),
+                    3 => pick!($ty, $h, 3),
+                    _ => pick!($ty, $h, 4),
                 }
             };
         }
@@ -506,10 +579,11 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
         // nb × 4 blocks (`group` slices them) and the asserts above keep activation rows
         // t..t+n (nb blocks each, with their scales and sums) in bounds.
         unsafe {
-            match w.ty {
-                QType::Q8_0 => go!(0),
-                QType::Q4_0 => go!(1),
-                QType::Q4_1 => go!(2),
+            match (w.ty, half) {
+                (QType::Q8_0, _) => go!(0, true),
+                (QType::Q4_0, _) => go!(1, true),
+                (QType::Q4_1, true) => go!(2, true),
+                (QType::Q4_1, false) => go!(2, false),
             }
         }
         return;
@@ -526,9 +600,10 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
 }
 
 /// The portable block dot, in the order the module's doc gives: each block's exact integer
-/// sum, then `acc = fma(d_w · d_x, sum, acc)`; Q4_1's offsets apart, added last.
+/// sum, then `acc[b % 4] = fma(d_w · d_x, sum, acc[b % 4])`, Q4_1's offsets in their own
+/// lanes; lane `k` ends as `acc[k] + off[k]` and the row as `(t0 + t2) + (t1 + t3)`.
 fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32], sums: &[i32]) -> f32 {
-    let (mut acc, mut off) = (0f32, 0f32);
+    let (mut acc, mut off) = ([0f32; LANES], [0f32; LANES]);
     for (b, (((xb, &dx), &sx), &xsum)) in x.chunks_exact(QK).zip(d).zip(s).zip(sums).enumerate() {
         let (q, dw, m) = row.block(b);
         let isum: i32 = match row.ty {
@@ -542,98 +617,137 @@ fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32], sums: &[i32]) -> f32 
                 if row.ty == QType::Q4_0 { isum - 8 * xsum } else { isum }
             }
         };
-        // |isum| ≤ 32 · 127 · 127 < 2²⁴: exact in f32.
-        acc = (dw * dx).mul_add(isum as f32, acc);
+        // |isum| ≤ 32 · 128 · 127 < 2²⁴: exact in f32.
+        let k = b % LANES;
+        acc[k] = (dw * dx).mul_add(isum as f32, acc[k]);
         if row.ty == QType::Q4_1 {
-            off = m.mul_add(sx, off);
+            off[k] = m.mul_add(sx, off[k]);
         }
     }
-    acc + off
+    let t: [f32; LANES] = if row.ty == QType::Q4_1 { std::array::from_fn(|k| acc[k] + off[k]) } else { acc };
+    (t[0] + t[2]) + (t[1] + t[3])
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, QK, TOKENS};
+    use super::{GROUP, LANES, QK, TOKENS};
 
     /// How far ahead of the current block the weight stream is prefetched (bytes).
     const PF: usize = 1024;
 
-    /// The four rows' integer sums from Q4 pair vectors (`[row a × 4 | row b × 4]` i32 lanes
-    /// each): `[r0, r1, r2, r3]`.
+    /// Four blocks' vectors of partial integer sums, per 128-bit lane (one row) `[a0..a3]`,
+    /// `[b0..b3]`, `[c0..c3]`, `[d0..d3]`, transposed and added: per lane `[Σa, Σb, Σc, Σd]`.
+    /// Integer sums, so the order of the additions does not matter.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn gather_pairs(i01: __m256i, i23: __m256i) -> __m128i {
-        // [r0 r0 r2 r2 | r1 r1 r3 r3], then [r0 r2 r0 r2 | r1 r3 r1 r3].
-        let h = _mm256_hadd_epi32(i01, i23);
-        let h = _mm256_hadd_epi32(h, h);
-        _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    fn transpose_add(v: [__m256i; LANES]) -> __m256i {
+        // [a0+a2, b0+b2, a1+a3, b1+b3] and [c0+c2, d0+d2, c1+c3, d1+d3].
+        let ab = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+        let cd = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+        _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
     }
 
-    /// The four rows' integer sums from per-row vectors of 8 i32 lanes: `[r0, r1, r2, r3]`.
+    /// [`transpose_add`] on 512-bit registers (four rows).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn transpose_add_512(v: [__m512i; LANES]) -> __m512i {
+        let ab = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        let cd = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd))
+    }
+
+    /// Per 128-bit lane `[t0 t1 t2 t3]` → lane 0 holds `(t0 + t2) + (t1 + t3)`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn gather_rows(i: [__m256i; 4]) -> __m128i {
-        // Low half [r0 r1 r2 r3] over lanes 0-3, high half over lanes 4-7.
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(i[0], i[1]), _mm256_hadd_epi32(i[2], i[3]));
-        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    fn lane_total(t: __m256) -> __m256 {
+        let h = _mm256_add_ps(t, _mm256_permute_ps::<0b01_00_11_10>(t)); // [t0+t2, t1+t3, ..]
+        _mm256_add_ps(h, _mm256_permute_ps::<0b10_11_00_01>(h))
     }
 
-    /// One group of four interleaved rows (quants `qs`, scales `dm`, `nb` blocks, laid out
-    /// as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
+    /// Four activation-block values (`f32` or `i32`) at `p`, `n` of them real (the rest
+    /// read as zeros, never touched), as a 128-bit vector.
+    ///
+    /// # Safety
+    /// `p .. p + n` is readable; AVX2 is available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quad_ps(p: *const f32, n: usize) -> __m128 {
+        // SAFETY: the caller's contract; masked-off lanes are not accessed.
+        unsafe {
+            if n == LANES {
+                _mm_loadu_ps(p)
+            } else {
+                _mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_setr_epi32(0, 1, 2, 3)))
+            }
+        }
+    }
+
+    /// [`quad_ps`] for `i32`.
+    ///
+    /// # Safety
+    /// As [`quad_ps`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quad_epi32(p: *const i32, n: usize) -> __m128i {
+        // SAFETY: as above.
+        unsafe {
+            if n == LANES {
+                _mm_loadu_si128(p as *const __m128i)
+            } else {
+                _mm_maskload_epi32(p, _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_setr_epi32(0, 1, 2, 3)))
+            }
+        }
+    }
+
+    /// Eight scales from `dm + i` (f16 when `H`, else f32), widened to f32.
+    ///
+    /// # Safety
+    /// The eight are readable; AVX2 and F16C are available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales8<const H: bool>(dm: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if H {
+                _mm256_cvtph_ps(_mm_loadu_si128(dm.add(2 * i) as *const __m128i))
+            } else {
+                _mm256_loadu_ps(dm.add(4 * i) as *const f32)
+            }
+        }
+    }
+
+    /// [`scales8`] for sixteen, on AVX-512.
+    ///
+    /// # Safety
+    /// The sixteen are readable; AVX-512 F is available.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn scales16<const H: bool>(dm: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if H {
+                _mm512_cvtph_ps(_mm256_loadu_si256(dm.add(2 * i) as *const __m256i))
+            } else {
+                _mm512_loadu_ps(dm.add(4 * i) as *const f32)
+            }
+        }
+    }
+
+    /// One group of four interleaved rows (quants `qs`, scales `dm`: f16 when `H`, else
+    /// f32, `nb` blocks, laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
     /// consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`, `sum`: N × nb) into
-    /// `out[..N]`. Each block's weights are decoded once for the N rows.
+    /// `out[..N]`, in the module doc's order. Each block's weights are decoded once for the
+    /// N rows; two rows per 256-bit register.
     ///
     /// # Safety
     /// AVX2, FMA and F16C are available and every pointer covers what is described above.
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn group_dot<const TY: u8, const N: usize>(
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i, k, p index several arrays
+    pub(super) unsafe fn group_dot<const TY: u8, const H: bool, const N: usize>(
         qs: *const u8,
-        dm: *const f32,
-        nb: usize,
-        x: *const i8,
-        d: *const f32,
-        s: *const f32,
-        sum: *const i32,
-        out: &mut [[f32; GROUP]; TOKENS],
-    ) {
-        // SAFETY: forwarded from the caller.
-        unsafe { group_dot_impl::<TY, N, false>(qs, dm, nb, x, d, s, sum, out) }
-    }
-
-    /// [`group_dot`] with AVX-512 VNNI's `vpdpbusd` (on 256-bit registers) in place of
-    /// `maddubs` + `madd` (for Q8_0 on weights offset to unsigned, the offset taken back
-    /// with the activations' block sum): every block's integer sum is the same exact
-    /// integer, so the results are bit-identical to the AVX2 kernel's.
-    ///
-    /// # Safety
-    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers what
-    /// [`group_dot`] describes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn group_dot_vnni<const TY: u8, const N: usize>(
-        qs: *const u8,
-        dm: *const f32,
-        nb: usize,
-        x: *const i8,
-        d: *const f32,
-        s: *const f32,
-        sum: *const i32,
-        out: &mut [[f32; GROUP]; TOKENS],
-    ) {
-        // SAFETY: forwarded from the caller.
-        unsafe { group_dot_impl::<TY, N, true>(qs, dm, nb, x, d, s, sum, out) }
-    }
-
-    /// The body of [`group_dot`] (`VNNI` false) and [`group_dot_vnni`] (true), inlined into
-    /// each so it is compiled with its features.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes acc, off and x
-    unsafe fn group_dot_impl<const TY: u8, const N: usize, const VNNI: bool>(
-        qs: *const u8,
-        dm: *const f32,
+        dm: *const u8,
         nb: usize,
         x: *const i8,
         d: *const f32,
@@ -643,92 +757,177 @@ mod x86 {
     ) {
         let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
         let row_stride = nb * QK;
-        // SAFETY: register constants; the features are enabled in both callers.
-        let (ones, m4) = unsafe { (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F)) };
-        // SAFETY: as above.
-        let (mut acc, mut off) = unsafe { ([_mm_setzero_ps(); N], [_mm_setzero_ps(); N]) };
-        for b in 0..nb {
-            // SAFETY: block b of the group (4 × qb bytes of quants, 4 × ns scales) and of
-            // each activation row is in bounds (the caller's contract); the prefetch address
-            // is only a hint (never dereferenced, computed with wrapping).
-            unsafe {
-                let qp = qs.add(b * GROUP * qb);
-                _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
-                let scales = dm.add(b * GROUP * ns);
-                let dw = _mm_loadu_ps(scales);
-                if TY == 0 && VNNI {
-                    // vpdpbusd multiplies unsigned by signed bytes without saturating: the
-                    // weights offset by 128 (w ^ 0x80) give Σ (w + 128)·x = Σ w·x + 128·Σx,
-                    // and Σx is the block's stored sum: the same exact integer, with no
-                    // per-row sign fix-up for every activation row.
-                    let flip = _mm256_set1_epi8(-128);
-                    let wu: [__m256i; 4] = std::array::from_fn(|r| {
-                        _mm256_xor_si256(_mm256_loadu_si256(qp.add(r * 32) as *const __m256i), flip)
+        let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
+        let zero = _mm256_setzero_ps();
+        let (mut acc, mut off) = ([[zero; 2]; N], [[zero; 2]; N]);
+        for quad in 0..nb.div_ceil(LANES) {
+            let n = (nb - quad * LANES).min(LANES);
+            let mut v = [[[_mm256_setzero_si256(); 2]; LANES]; N];
+            for k in 0..n {
+                let b = quad * LANES + k;
+                // SAFETY: block b of the group (4 × qb bytes) and of each activation row is in
+                // bounds (the caller's contract); the prefetch address is only a hint (never
+                // dereferenced, computed with wrapping).
+                unsafe {
+                    let qp = qs.add(b * GROUP * qb);
+                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
+                    // Per row pair p (rows 2p, 2p+1): the registers that meet values 0-15 and
+                    // 16-31 of the activation block.
+                    let w: [(__m256i, __m256i); 2] = std::array::from_fn(|p| {
+                        if TY == 0 {
+                            let lo = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
+                            (lo, _mm256_loadu_si256(qp.add(64 + 32 * p) as *const __m256i))
+                        } else {
+                            let q = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
+                            (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
+                        }
                     });
-                    for i in 0..N {
-                        let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
-                        let dots: [__m256i; 4] =
-                            std::array::from_fn(|r| _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[r], xv));
-                        let isum = _mm_sub_epi32(gather_rows(dots), _mm_set1_epi32(128 * *sum.add(i * nb + b)));
-                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
-                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
-                    }
-                } else if TY == 0 {
-                    let w: [__m256i; 4] = std::array::from_fn(|r| _mm256_loadu_si256(qp.add(r * 32) as *const __m256i));
-                    let aw: [__m256i; 4] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
-                    for i in 0..N {
-                        let xv = _mm256_loadu_si256(x.add(i * row_stride + b * QK) as *const __m256i);
-                        // |w| · (x with w's sign): maddubs wants its first operand unsigned.
-                        let dots: [__m256i; 4] = std::array::from_fn(|r| {
-                            let sx = _mm256_sign_epi8(xv, w[r]);
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones)
-                        });
-                        let isum = gather_rows(dots);
-                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
-                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
-                    }
-                } else {
-                    // Two rows' 16 bytes per register: low nibbles are values 0-15 of each
-                    // row, high nibbles values 16-31.
-                    let v01 = _mm256_loadu_si256(qp as *const __m256i);
-                    let v23 = _mm256_loadu_si256(qp.add(32) as *const __m256i);
-                    let (lo01, hi01) = (_mm256_and_si256(v01, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v01), m4));
-                    let (lo23, hi23) = (_mm256_and_si256(v23, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(v23), m4));
-                    let mw = if TY == 2 { _mm_loadu_ps(scales.add(GROUP)) } else { _mm_setzero_ps() };
                     for i in 0..N {
                         let xp = x.add(i * row_stride + b * QK);
                         let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp as *const __m128i));
                         let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        let (i01, i23) = if VNNI {
-                            let z = _mm256_setzero_si256();
-                            (
-                                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo01, xlo), hi01, xhi),
-                                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo23, xlo), hi23, xhi),
-                            )
-                        } else {
-                            // Nibble × i8 pairs stay within ±3810, two of them within i16.
-                            let p01 =
-                                _mm256_add_epi16(_mm256_maddubs_epi16(lo01, xlo), _mm256_maddubs_epi16(hi01, xhi));
-                            let p23 =
-                                _mm256_add_epi16(_mm256_maddubs_epi16(lo23, xlo), _mm256_maddubs_epi16(hi23, xhi));
-                            (_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones))
-                        };
-                        let mut isum = gather_pairs(i01, i23);
-                        if TY == 1 {
-                            isum = _mm_sub_epi32(isum, _mm_set1_epi32(8 * *sum.add(i * nb + b)));
+                        for p in 0..2 {
+                            let (a, c) = w[p];
+                            v[i][k][p] = if TY == 0 {
+                                // |w| · (x with w's sign): maddubs wants its first operand
+                                // unsigned; products summed in pairs stay within i16.
+                                let lo = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xlo, a));
+                                let hi = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xhi, c));
+                                _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
+                            } else {
+                                // Nibble × i8 pairs stay within ±3810, two of them within i16.
+                                let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(a, xlo), _mm256_maddubs_epi16(c, xhi));
+                                _mm256_madd_epi16(p16, ones)
+                            };
                         }
-                        let scale = _mm_mul_ps(dw, _mm_set1_ps(*d.add(i * nb + b)));
-                        acc[i] = _mm_fmadd_ps(scale, _mm_cvtepi32_ps(isum), acc[i]);
+                    }
+                }
+            }
+            // SAFETY: the group's scales hold whole quads; activation scales are read for
+            // the quad's n real blocks only.
+            unsafe {
+                let sc = quad * ns * GROUP * LANES;
+                let dw = [scales8::<H>(dm, sc), scales8::<H>(dm, sc + 8)];
+                let mw = if TY == 2 { [scales8::<H>(dm, sc + 16), scales8::<H>(dm, sc + 24)] } else { [zero; 2] };
+                for i in 0..N {
+                    let at = i * nb + quad * LANES;
+                    let dx = _mm256_broadcast_ps(&quad_ps(d.add(at), n));
+                    let xsum8 = if TY == 1 {
+                        _mm256_slli_epi32::<3>(_mm256_broadcastsi128_si256(quad_epi32(sum.add(at), n)))
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    let sx = if TY == 2 { _mm256_broadcast_ps(&quad_ps(s.add(at), n)) } else { zero };
+                    for p in 0..2 {
+                        let mut isum = transpose_add([v[i][0][p], v[i][1][p], v[i][2][p], v[i][3][p]]);
+                        if TY == 1 {
+                            isum = _mm256_sub_epi32(isum, xsum8);
+                        }
+                        acc[i][p] = _mm256_fmadd_ps(_mm256_mul_ps(dw[p], dx), _mm256_cvtepi32_ps(isum), acc[i][p]);
                         if TY == 2 {
-                            off[i] = _mm_fmadd_ps(mw, _mm_set1_ps(*s.add(i * nb + b)), off[i]);
+                            off[i][p] = _mm256_fmadd_ps(mw[p], sx, off[i][p]);
                         }
                     }
                 }
             }
         }
         for i in 0..N {
+            for p in 0..2 {
+                let t = if TY == 2 { _mm256_add_ps(acc[i][p], off[i][p]) } else { acc[i][p] };
+                let h = lane_total(t);
+                out[i][2 * p] = _mm256_cvtss_f32(h);
+                out[i][2 * p + 1] = _mm_cvtss_f32(_mm256_extractf128_ps::<1>(h));
+            }
+        }
+    }
+
+    /// [`group_dot`] on 512-bit registers with AVX-512 VNNI: one register holds the same
+    /// 16 values of all four rows, and `vpdpbusd` replaces `maddubs` + `madd` (Q8_0 on
+    /// weights offset to unsigned, the offset taken back with the activation block's sum).
+    /// Every block's integer sums are the same exact integers, so the results are
+    /// bit-identical to [`group_dot`]'s.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers what
+    /// [`group_dot`] describes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i and k index several arrays
+    pub(super) unsafe fn group_dot_vnni<const TY: u8, const H: bool, const N: usize>(
+        qs: *const u8,
+        dm: *const u8,
+        nb: usize,
+        x: *const i8,
+        d: *const f32,
+        s: *const f32,
+        sum: *const i32,
+        out: &mut [[f32; GROUP]; TOKENS],
+    ) {
+        let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
+        let row_stride = nb * QK;
+        let (m4, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
+        let (zero, zero_i) = (_mm512_setzero_ps(), _mm512_setzero_si512());
+        let (mut acc, mut off) = ([zero; N], [zero; N]);
+        for quad in 0..nb.div_ceil(LANES) {
+            let n = (nb - quad * LANES).min(LANES);
+            let mut v = [[zero_i; LANES]; N];
+            for k in 0..n {
+                let b = quad * LANES + k;
+                // SAFETY: as in `group_dot`.
+                unsafe {
+                    let qp = qs.add(b * GROUP * qb);
+                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
+                    // The registers that meet values 0-15 and 16-31 of the activation block.
+                    let (a, c) = if TY == 0 {
+                        // vpdpbusd multiplies unsigned by signed bytes: the weights offset by
+                        // 128 (w ^ 0x80) give Σ (w + 128)·x = Σ w·x + 128·Σx.
+                        (
+                            _mm512_xor_si512(_mm512_loadu_si512(qp as *const _), flip),
+                            _mm512_xor_si512(_mm512_loadu_si512(qp.add(64) as *const _), flip),
+                        )
+                    } else {
+                        let q = _mm512_loadu_si512(qp as *const _);
+                        (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4))
+                    };
+                    for i in 0..N {
+                        let xp = x.add(i * row_stride + b * QK);
+                        let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(xp as *const __m128i));
+                        let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xp.add(16) as *const __m128i));
+                        v[i][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero_i, a, xlo), c, xhi);
+                    }
+                }
+            }
+            // SAFETY: as in `group_dot`; the masked loads touch the quad's n real blocks only.
+            unsafe {
+                let mask: __mmask8 = (1u8 << n) - 1;
+                let sc = quad * ns * GROUP * LANES;
+                let dw = scales16::<H>(dm, sc);
+                let mw = if TY == 2 { scales16::<H>(dm, sc + 16) } else { zero };
+                for i in 0..N {
+                    let at = i * nb + quad * LANES;
+                    let dx = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(mask, d.add(at)));
+                    let mut isum = transpose_add_512(v[i]);
+                    if TY != 2 {
+                        // Q8_0: less 128·Σx (the offset); Q4_0: less 8·Σx (nibbles − 8).
+                        let xsum = _mm512_broadcast_i32x4(_mm_maskz_loadu_epi32(mask, sum.add(at)));
+                        let shifted = if TY == 0 { _mm512_slli_epi32::<7>(xsum) } else { _mm512_slli_epi32::<3>(xsum) };
+                        isum = _mm512_sub_epi32(isum, shifted);
+                    }
+                    acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[i]);
+                    if TY == 2 {
+                        let sx = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(mask, s.add(at)));
+                        off[i] = _mm512_fmadd_ps(mw, sx, off[i]);
+                    }
+                }
+            }
+        }
+        let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        for i in 0..N {
+            let t = if TY == 2 { _mm512_add_ps(acc[i], off[i]) } else { acc[i] };
+            let h = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
+            let h = _mm512_add_ps(h, _mm512_permute_ps::<0b10_11_00_01>(h));
+            let rows = _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, h));
             // SAFETY: out[i] is 4 f32s.
-            unsafe { _mm_storeu_ps(out[i].as_mut_ptr(), _mm_add_ps(acc[i], off[i])) };
+            unsafe { _mm_storeu_ps(out[i].as_mut_ptr(), rows) };
         }
     }
 }
