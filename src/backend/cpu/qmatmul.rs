@@ -296,8 +296,8 @@ impl QMatrix {
         let n_groups = n_out.div_ceil(GROUP);
         let group_scales = nb.div_ceil(LANES) * ns * GROUP * LANES;
         let mut qs = super::matmul::huge_page_vec(n_groups * nb * GROUP * qb, 0u8);
-        let mut dm = vec![0f32; if half { 0 } else { n_groups * group_scales }];
-        let mut dh = vec![0u16; if half { n_groups * group_scales } else { 0 }];
+        let mut dm = super::matmul::huge_page_vec(if half { 0 } else { n_groups * group_scales }, 0f32);
+        let mut dh = super::matmul::huge_page_vec(if half { n_groups * group_scales } else { 0 }, 0u16);
         let mut q = [0u8; QK];
         for j in 0..n_out {
             let (g, r) = (j / GROUP, j % GROUP);
@@ -637,24 +637,35 @@ mod x86 {
     /// How far ahead of the current block the weight stream is prefetched (bytes).
     const PF: usize = 1024;
 
-    /// Four blocks' vectors of partial integer sums, per 128-bit lane (one row) `[a0..a3]`,
-    /// `[b0..b3]`, `[c0..c3]`, `[d0..d3]`, transposed and added: per lane `[Σa, Σb, Σc, Σd]`.
-    /// Integer sums, so the order of the additions does not matter.
+    /// A quad's four blocks' vectors of partial integer sums, per 128-bit lane (one row)
+    /// `[a0..a3]`, `[b0..b3]`, `[c0..c3]`, `[d0..d3]`, are transposed and added in two
+    /// steps: [`pair_add`] of blocks 0, 1 gives `[a0+a2, b0+b2, a1+a3, b1+b3]` (and of
+    /// blocks 2, 3 the same for c, d), then [`quad_add`] of the two gives per lane
+    /// `[Σa, Σb, Σc, Σd]`. Integer sums, so the order of the additions does not matter.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn transpose_add(v: [__m256i; LANES]) -> __m256i {
-        // [a0+a2, b0+b2, a1+a3, b1+b3] and [c0+c2, d0+d2, c1+c3, d1+d3].
-        let ab = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
-        let cd = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+    fn pair_add(a: __m256i, b: __m256i) -> __m256i {
+        _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+    }
+
+    /// See [`pair_add`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn quad_add(ab: __m256i, cd: __m256i) -> __m256i {
         _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
     }
 
-    /// [`transpose_add`] on 512-bit registers (four rows).
+    /// [`pair_add`] on 512-bit registers (four rows).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn transpose_add_512(v: [__m512i; LANES]) -> __m512i {
-        let ab = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
-        let cd = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+    fn pair_add_512(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
+    }
+
+    /// [`quad_add`] on 512-bit registers (four rows).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn quad_add_512(ab: __m512i, cd: __m512i) -> __m512i {
         _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd))
     }
 
@@ -762,17 +773,22 @@ mod x86 {
         let (mut acc, mut off) = ([[zero; 2]; N], [[zero; 2]; N]);
         for quad in 0..nb.div_ceil(LANES) {
             let n = (nb - quad * LANES).min(LANES);
-            let mut v = [[[_mm256_setzero_si256(); 2]; LANES]; N];
-            for k in 0..n {
+            // Block k of the quad against the N activation rows: per row pair p (rows 2p,
+            // 2p+1), 4 partial sums a row; zeros past the row's end. (Blocks by constant
+            // index, never a loop over an array: the sums stay in registers.)
+            let block = |k: usize| -> [[__m256i; 2]; N] {
                 let b = quad * LANES + k;
+                if k >= n {
+                    return [[_mm256_setzero_si256(); 2]; N];
+                }
                 // SAFETY: block b of the group (4 × qb bytes) and of each activation row is in
                 // bounds (the caller's contract); the prefetch address is only a hint (never
                 // dereferenced, computed with wrapping).
                 unsafe {
                     let qp = qs.add(b * GROUP * qb);
                     _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
-                    // Per row pair p (rows 2p, 2p+1): the registers that meet values 0-15 and
-                    // 16-31 of the activation block.
+                    // Per row pair p: the registers that meet values 0-15 and 16-31 of the
+                    // activation block.
                     let w: [(__m256i, __m256i); 2] = std::array::from_fn(|p| {
                         if TY == 0 {
                             let lo = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
@@ -782,13 +798,13 @@ mod x86 {
                             (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
                         }
                     });
-                    for i in 0..N {
+                    std::array::from_fn(|i| {
                         let xp = x.add(i * row_stride + b * QK);
                         let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp as *const __m128i));
                         let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        for p in 0..2 {
+                        std::array::from_fn(|p| {
                             let (a, c) = w[p];
-                            v[i][k][p] = if TY == 0 {
+                            if TY == 0 {
                                 // |w| · (x with w's sign): maddubs wants its first operand
                                 // unsigned; products summed in pairs stay within i16.
                                 let lo = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xlo, a));
@@ -798,11 +814,15 @@ mod x86 {
                                 // Nibble × i8 pairs stay within ±3810, two of them within i16.
                                 let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(a, xlo), _mm256_maddubs_epi16(c, xhi));
                                 _mm256_madd_epi16(p16, ones)
-                            };
-                        }
-                    }
+                            }
+                        })
+                    })
                 }
-            }
+            };
+            let (v0, v1) = (block(0), block(1));
+            let ab: [[__m256i; 2]; N] = std::array::from_fn(|i| std::array::from_fn(|p| pair_add(v0[i][p], v1[i][p])));
+            let (v2, v3) = (block(2), block(3));
+            let cd: [[__m256i; 2]; N] = std::array::from_fn(|i| std::array::from_fn(|p| pair_add(v2[i][p], v3[i][p])));
             // SAFETY: the group's scales hold whole quads; activation scales are read for
             // the quad's n real blocks only.
             unsafe {
@@ -819,7 +839,7 @@ mod x86 {
                     };
                     let sx = if TY == 2 { _mm256_broadcast_ps(&quad_ps(s.add(at), n)) } else { zero };
                     for p in 0..2 {
-                        let mut isum = transpose_add([v[i][0][p], v[i][1][p], v[i][2][p], v[i][3][p]]);
+                        let mut isum = quad_add(ab[i][p], cd[i][p]);
                         if TY == 1 {
                             isum = _mm256_sub_epi32(isum, xsum8);
                         }
@@ -869,9 +889,12 @@ mod x86 {
         let (mut acc, mut off) = ([zero; N], [zero; N]);
         for quad in 0..nb.div_ceil(LANES) {
             let n = (nb - quad * LANES).min(LANES);
-            let mut v = [[zero_i; LANES]; N];
-            for k in 0..n {
+            // Block k of the quad against the N activation rows (as in `group_dot`).
+            let block = |k: usize| -> [__m512i; N] {
                 let b = quad * LANES + k;
+                if k >= n {
+                    return [zero_i; N];
+                }
                 // SAFETY: as in `group_dot`.
                 unsafe {
                     let qp = qs.add(b * GROUP * qb);
@@ -888,14 +911,18 @@ mod x86 {
                         let q = _mm512_loadu_si512(qp as *const _);
                         (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4))
                     };
-                    for i in 0..N {
+                    std::array::from_fn(|i| {
                         let xp = x.add(i * row_stride + b * QK);
                         let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(xp as *const __m128i));
                         let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        v[i][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero_i, a, xlo), c, xhi);
-                    }
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero_i, a, xlo), c, xhi)
+                    })
                 }
-            }
+            };
+            let (v0, v1) = (block(0), block(1));
+            let ab: [__m512i; N] = std::array::from_fn(|i| pair_add_512(v0[i], v1[i]));
+            let (v2, v3) = (block(2), block(3));
+            let cd: [__m512i; N] = std::array::from_fn(|i| pair_add_512(v2[i], v3[i]));
             // SAFETY: as in `group_dot`; the masked loads touch the quad's n real blocks only.
             unsafe {
                 let mask: __mmask8 = (1u8 << n) - 1;
@@ -905,7 +932,7 @@ mod x86 {
                 for i in 0..N {
                     let at = i * nb + quad * LANES;
                     let dx = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(mask, d.add(at)));
-                    let mut isum = transpose_add_512(v[i]);
+                    let mut isum = quad_add_512(ab[i], cd[i]);
                     if TY != 2 {
                         // Q8_0: less 128·Σx (the offset); Q4_0: less 8·Σx (nibbles − 8).
                         let xsum = _mm512_broadcast_i32x4(_mm_maskz_loadu_epi32(mask, sum.add(at)));
