@@ -396,10 +396,9 @@ fn smollm2_chats() {
     // Colours, in whatever case and order the greedy path (a near-tie away from another
     // phrasing) happens to give them.
     let lower = answer.to_lowercase();
-    assert!(
-        o.status.success() && ["red", "blue", "green"].iter().filter(|c| lower.contains(*c)).count() >= 2,
-        "{answer}"
-    );
+    let words: Vec<&str> = lower.split(|c: char| !c.is_alphabetic()).collect();
+    let colours = ["red", "blue", "green", "yellow"].iter().filter(|c| words.contains(c)).count();
+    assert!(o.status.success() && colours >= 2, "{answer}");
     let o = forge(&["chat", "-m", m, "--temp", "0", "-n", "40"], Some("Name three colors.\nWhat is 2+2?\n"));
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{err}");

@@ -22,7 +22,9 @@
 //! goes to lane `k = b % 4` as `acc[k] = fma(d_w · d_x, Σ w·q, acc[k])` with the block's
 //! integer sum complete first (Q4_0's `Σ (n − 8)·q` as `Σ n·q − 8·Σq`), plus for Q4_1
 //! `off[k] = fma(m_w, s_x, off[k])`; then `t[k] = acc[k] + off[k]` and the output is
-//! `(t0 + t2) + (t1 + t3)`. The SIMD kernels and the portable path follow it exactly, so
+//! `(t0 + t2) + (t1 + t3)`. (The SIMD kernels run lanes of blocks past a row's end, in its
+//! last quad, as `fma(0, 0, acc)`, which the portable path skips: the same bits, as an
+//! accumulator starting at +0 never becomes −0.) The SIMD kernels and the portable path follow it exactly, so
 //! they agree bit for bit, and a row's result never depends on how many rows are
 //! multiplied with it (decode and prefill, alone or batched: the server's batch invariance).
 //!
@@ -77,7 +79,7 @@ impl QType {
         }
     }
 
-    /// f32 scales per block: `d`, and `m` for Q4_1.
+    /// Scales per block: `d`, and `m` for Q4_1.
     fn scales(self) -> usize {
         if self == QType::Q4_1 { 2 } else { 1 }
     }
@@ -312,6 +314,7 @@ impl QMatrix {
                     let i = g * group_scales + scale_index(ns, b, kind, r);
                     if half {
                         // The caller's values came from f16: the round trip is exact.
+                        debug_assert!(f16::from_f32(v).to_f32() == v || v.is_nan(), "scale {v} is not an f16");
                         dh[i] = f16::from_f32(v).to_bits();
                     } else {
                         dm[i] = v;
@@ -404,8 +407,11 @@ pub struct Q8Rows {
     pub d: Vec<f32>,
     /// Per block: `d · Σq` (f16-rounded), for Q4_1's offset term.
     pub s: Vec<f32>,
-    /// Per block: `Σq`, exact, for Q4_0's `Σ (n − 8)·q = Σ n·q − 8·Σq`.
+    /// Per block: `Σq`, exact, for Q4_0's `Σ (n − 8)·q = Σ n·q − 8·Σq` and the VNNI Q8_0
+    /// kernel's `Σ (w + 128)·q − 128·Σq`: it must equal the block's sum.
     pub sum: Vec<i32>,
+    /// The 8-bit values, within ±127 (never −128: the AVX2 Q8_0 kernel's sign trick
+    /// relies on it).
     pub q: Vec<i8>,
 }
 
@@ -576,14 +582,16 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
         }
         // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c, an
         // AVX-512 VNNI one only where it also found AVX-512 F/BW/VL and VNNI; the group holds
-        // nb × 4 blocks (`group` slices them) and the asserts above keep activation rows
-        // t..t+n (nb blocks each, with their scales and sums) in bounds.
+        // nb × 4 blocks of quants and whole quads of scales (`group` slices them), and the
+        // asserts above keep activation rows t..t+n (nb blocks each, with their scales and
+        // sums) in bounds.
         unsafe {
             match (w.ty, half) {
-                (QType::Q8_0, _) => go!(0, true),
-                (QType::Q4_0, _) => go!(1, true),
+                (QType::Q8_0, true) => go!(0, true),
+                (QType::Q4_0, true) => go!(1, true),
                 (QType::Q4_1, true) => go!(2, true),
                 (QType::Q4_1, false) => go!(2, false),
+                (QType::Q8_0 | QType::Q4_0, false) => unreachable!("Q8_0 and Q4_0 scales are kept as f16"),
             }
         }
         return;
@@ -746,8 +754,8 @@ mod x86 {
         }
     }
 
-    /// One group of four interleaved rows (quants `qs`, scales `dm`: f16 when `H`, else
-    /// f32, `nb` blocks, laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
+    /// One group of four interleaved rows (quants `qs`: `nb` blocks; scales `dm`, f16 when
+    /// `H`, else f32: whole quads, `nb.div_ceil(4)` of them; laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
     /// consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`, `sum`: N × nb) into
     /// `out[..N]`, in the module doc's order. Each block's weights are decoded once for the
     /// N rows; two rows per 256-bit register.
