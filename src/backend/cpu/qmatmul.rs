@@ -524,7 +524,9 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
             t += n;
         }
     };
-    if n_tasks > 1 && (t_rows > 1 || n_out * w.n_in >= 1 << 14) {
+    // On one thread, a plain loop: rayon's splitting (and, from outside its pool, a
+    // hand-off and wake-up per call) cost a third of a streamed decode matrix.
+    if n_tasks > 1 && (t_rows > 1 || n_out * w.n_in >= 1 << 14) && rayon::current_num_threads() > 1 {
         (0..n_tasks).into_par_iter().for_each(task);
     } else {
         (0..n_tasks).for_each(task);
