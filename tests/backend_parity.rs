@@ -582,7 +582,10 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
         // four; (70, 512, 9) runs prefill over several parallel tasks. Case 5 has every
         // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
         // three end rows in a partial quad of 3, 2 and 1 blocks (not for Q4_K's 256-wide
-        // super-blocks, always whole quads).
+        // super-blocks, always whole quads); the next two do so at the extremes (a single
+        // partial quad of 2 and of 1 block, every weight and activation extreme), and with
+        // random f16 scales of any sign and size, subnormals and zeros included (the SIMD
+        // paths widen them with `vcvtph2ps`, the portable one in software).
         for (case, (n_out, n_in, t, scale)) in [
             (7, 256, 7, 1.0),
             (13, 512, 6, 1e3),
@@ -593,6 +596,8 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
             (5, 96, 3, 1e2),
             (9, 576, 2, 1.0),
             (3, 160, 5, 1e-2),
+            (5, 64, 3, 1.0),
+            (7, 160, 4, 1.0),
         ]
         .into_iter()
         .enumerate()
@@ -600,7 +605,8 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
             if ty == GgmlType::Q4K && n_in % 256 != 0 {
                 continue;
             }
-            let extreme = case == 5;
+            let odd_scales = case == 10;
+            let extreme = case == 5 || case == 9;
             let mut bytes = if ty == GgmlType::Q4K {
                 let mut b: Vec<u8> = (0..n_out * n_in / 256 * 144).map(|_| rng.next_u64() as u8).collect();
                 for blk in b.chunks_mut(144) {
@@ -620,6 +626,14 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
                 _ => (144, 16),
             };
             for blk in bytes.chunks_mut(bs) {
+                if odd_scales {
+                    // Sign and mantissa random, exponent 0 (zero or subnormal) to 14: finite.
+                    for h in blk[..header].chunks_mut(2) {
+                        let r = rng.next_u64() as u16;
+                        let bits = (r & 0x83FF) | ((r >> 10) % 15) << 10;
+                        h.copy_from_slice(&bits.to_le_bytes());
+                    }
+                }
                 let quants = &mut blk[header..];
                 if extreme {
                     quants.fill(if ty == GgmlType::Q8_0 { 0x80 } else { 0xFF });
