@@ -125,6 +125,39 @@ enum Scales {
     Full(Vec<f32>),
 }
 
+impl Scales {
+    /// `n` zero scales (in huge pages, as the quants).
+    fn zeros(half: bool, n: usize) -> Scales {
+        use super::matmul::huge_page_vec;
+        if half { Scales::Half(huge_page_vec(n, 0)) } else { Scales::Full(huge_page_vec(n, 0.0)) }
+    }
+
+    fn set(&mut self, i: usize, v: f32) {
+        match self {
+            Scales::Half(h) => {
+                // The callers' values came from f16: the round trip is exact.
+                debug_assert!(f16::from_f32(v).to_f32() == v || v.is_nan(), "scale {v} is not an f16");
+                h[i] = f16::from_f32(v).to_bits();
+            }
+            Scales::Full(f) => f[i] = v,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Scales::Half(h) => 2 * h.len(),
+            Scales::Full(f) => 4 * f.len(),
+        }
+    }
+
+    fn slice(&self, range: std::ops::Range<usize>) -> ScaleSlice<'_> {
+        match self {
+            Scales::Half(h) => ScaleSlice::Half(&h[range]),
+            Scales::Full(f) => ScaleSlice::Full(&f[range]),
+        }
+    }
+}
+
 /// A slice of [`Scales`].
 #[derive(Clone, Copy)]
 enum ScaleSlice<'a> {
@@ -157,8 +190,8 @@ impl RowRef<'_> {
         let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
         let mut q = [0u8; QK];
         let blk = &self.qs[b * GROUP * qb..(b + 1) * GROUP * qb];
-        for (h, half) in q[..qb].chunks_exact_mut(16).enumerate() {
-            half.copy_from_slice(&blk[(h * GROUP + self.r) * 16..][..16]);
+        for (h, piece) in q[..qb].chunks_exact_mut(16).enumerate() {
+            piece.copy_from_slice(&blk[(h * GROUP + self.r) * 16..][..16]);
         }
         let at = |kind: usize| self.dm.get(scale_index(ns, b, kind, self.r));
         (q, at(0), if ns == 2 { at(1) } else { 0.0 })
@@ -298,8 +331,7 @@ impl QMatrix {
         let n_groups = n_out.div_ceil(GROUP);
         let group_scales = nb.div_ceil(LANES) * ns * GROUP * LANES;
         let mut qs = super::matmul::huge_page_vec(n_groups * nb * GROUP * qb, 0u8);
-        let mut dm = super::matmul::huge_page_vec(if half { 0 } else { n_groups * group_scales }, 0f32);
-        let mut dh = super::matmul::huge_page_vec(if half { n_groups * group_scales } else { 0 }, 0u16);
+        let mut dm = Scales::zeros(half, n_groups * group_scales);
         let mut q = [0u8; QK];
         for j in 0..n_out {
             let (g, r) = (j / GROUP, j % GROUP);
@@ -307,35 +339,23 @@ impl QMatrix {
                 let mut sc = [0f32; 2];
                 fill(j, b, &mut q[..qb], &mut sc);
                 let blk = &mut qs[(g * nb + b) * GROUP * qb..][..GROUP * qb];
-                for (h, half) in q[..qb].chunks_exact(16).enumerate() {
-                    blk[(h * GROUP + r) * 16..][..16].copy_from_slice(half);
+                for (h, piece) in q[..qb].chunks_exact(16).enumerate() {
+                    blk[(h * GROUP + r) * 16..][..16].copy_from_slice(piece);
                 }
                 for (kind, v) in sc.into_iter().take(ns).enumerate() {
-                    let i = g * group_scales + scale_index(ns, b, kind, r);
-                    if half {
-                        // The caller's values came from f16: the round trip is exact.
-                        debug_assert!(f16::from_f32(v).to_f32() == v || v.is_nan(), "scale {v} is not an f16");
-                        dh[i] = f16::from_f32(v).to_bits();
-                    } else {
-                        dm[i] = v;
-                    }
+                    dm.set(g * group_scales + scale_index(ns, b, kind, r), v);
                 }
             }
             if (j + 1).is_multiple_of(RELEASE_ROWS) || j + 1 == n_out {
                 done(j / RELEASE_ROWS * RELEASE_ROWS..j + 1);
             }
         }
-        let dm = if half { Scales::Half(dh) } else { Scales::Full(dm) };
         QMatrix { ty, n_in, n_out, qs, dm }
     }
 
     /// Bytes of weight data in memory.
     pub fn bytes(&self) -> usize {
-        self.qs.len()
-            + match &self.dm {
-                Scales::Half(h) => 2 * h.len(),
-                Scales::Full(f) => 4 * f.len(),
-            }
+        self.qs.len() + self.dm.bytes()
     }
 
     fn blocks_per_row(&self) -> usize {
@@ -346,11 +366,7 @@ impl QMatrix {
     fn group(&self, g: usize) -> (&[u8], ScaleSlice<'_>) {
         let nb = self.blocks_per_row();
         let (qg, sg) = (nb * GROUP * self.ty.quant_bytes(), nb.div_ceil(LANES) * LANES * GROUP * self.ty.scales());
-        let scales = match &self.dm {
-            Scales::Half(h) => ScaleSlice::Half(&h[g * sg..(g + 1) * sg]),
-            Scales::Full(f) => ScaleSlice::Full(&f[g * sg..(g + 1) * sg]),
-        };
-        (&self.qs[g * qg..(g + 1) * qg], scales)
+        (&self.qs[g * qg..(g + 1) * qg], self.dm.slice(g * sg..(g + 1) * sg))
     }
 
     fn row(&self, j: usize) -> RowRef<'_> {
@@ -705,7 +721,7 @@ mod x86 {
         }
     }
 
-    /// [`quad_ps`] for `i32`.
+    /// [`quad_ps`] for `i32` (the same 32-bit lanes, moved as they are).
     ///
     /// # Safety
     /// As [`quad_ps`].
@@ -713,13 +729,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn quad_epi32(p: *const i32, n: usize) -> __m128i {
         // SAFETY: as above.
-        unsafe {
-            if n == LANES {
-                _mm_loadu_si128(p as *const __m128i)
-            } else {
-                _mm_maskload_epi32(p, _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_setr_epi32(0, 1, 2, 3)))
-            }
-        }
+        _mm_castps_si128(unsafe { quad_ps(p as *const f32, n) })
     }
 
     /// Eight scales from `dm + i` (f16 when `H`, else f32), widened to f32.
