@@ -4,7 +4,7 @@
 use std::hint::black_box;
 
 use batch_forge::backend::WeightDtype;
-use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, matmul};
+use batch_forge::backend::cpu::matmul::{Epilogue, PackedMatrix, matmul, matmul_batch_invariant};
 use batch_forge::backend::cpu::qmatmul::{self, Q8Rows, QMatrix, QType};
 use batch_forge::backend::cpu::simd::{self, Isa};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -40,6 +40,36 @@ fn matmuls(c: &mut Criterion) {
             }
             g.bench_function(format!("{name} {}", dtype.name()), |b| {
                 b.iter(|| matmul(isa, black_box(&x), rows, &w, Epilogue { bias: Some(&bias), gelu: false }, &mut out))
+            });
+        }
+    }
+    // Skinny GEMM (the server's batched decode, batch-invariant order): 16 rows against
+    // one matrix held in L2 and against 12 streamed from memory (~113 MB in f32).
+    for (n_mats, n_in, n_out, label) in [(1, 768, 768, "cached"), (12, 768, 3072, "stream")] {
+        for dtype in [WeightDtype::F32, WeightDtype::F16] {
+            let rows = 16;
+            let mats: Vec<PackedMatrix> = (0..n_mats)
+                .map(|m| {
+                    let w_data = values(n_in * n_out, m as u32);
+                    PackedMatrix::pack(n_in, n_out, dtype, |k, j| w_data[k * n_out + j])
+                })
+                .collect();
+            let x = values(rows * n_in, 2);
+            let mut out = vec![0.0; rows * n_out];
+            g.throughput(Throughput::Elements((2 * rows * n_in * n_out * n_mats) as u64));
+            g.bench_function(format!("skinny {label} {n_mats}x{n_out}x{n_in} T={rows} {}", dtype.name()), |b| {
+                b.iter(|| {
+                    for w in &mats {
+                        matmul_batch_invariant(
+                            isa,
+                            black_box(&x),
+                            rows,
+                            w,
+                            Epilogue { bias: None, gelu: false },
+                            &mut out,
+                        )
+                    }
+                })
             });
         }
     }

@@ -26,6 +26,8 @@ const KC: usize = 256;
 const NC_PANELS: usize = 8;
 /// Up to this many rows, a call is treated as GEMV (stream panels once, all rows at a time).
 const GEMV_MAX_ROWS: usize = 4;
+/// Up to this many rows the GEMM walks panel by panel (see `run_group`).
+const SKINNY_MAX_ROWS: usize = 32;
 
 /// Panel storage in one of the supported element types.
 pub enum PanelData {
@@ -236,22 +238,31 @@ fn matmul_impl(
     }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
-    // Split panels into contiguous runs: 16 per thread for GEMV (pure streaming; fine
-    // enough that work stealing evens out the threads before one goes to sleep), or
-    // L2-sized column groups for GEMM.
-    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
-    let n_groups = w.n_panels.div_ceil(group);
-    (0..n_groups).into_par_iter().for_each(|g| {
-        let panels = g * group..((g + 1) * group).min(w.n_panels);
-        // This task writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out)
-        // of each of the `rows` output rows; groups are disjoint; `out` outlives the scope.
+    let run = |panels: std::ops::Range<usize>| {
+        // The caller writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out) of
+        // each of the `rows` output rows; callers' ranges are disjoint; `out` outlives them.
         let out_cols = |r: usize| optr.row(r, n_out);
         match &w.data {
             PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
             PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
             PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
         }
-    });
+    };
+    if rows <= SKINNY_MAX_ROWS && causal == Causal::None && threads > 1 && w.n_panels >= threads {
+        // Decode-sized work (one to a few dozen rows, a few hundred microseconds): one
+        // contiguous run of panels per thread on the spinning team, which starts within a
+        // microsecond where a rayon region costs a wake-up.
+        let part = |p: usize| run(w.n_panels * p / threads..w.n_panels * (p + 1) / threads);
+        if super::team::run(threads, &part) {
+            return;
+        }
+    }
+    // Split panels into contiguous runs: 16 per thread for GEMV (pure streaming; fine
+    // enough that work stealing evens out the threads before one goes to sleep), or
+    // L2-sized column groups for GEMM.
+    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
+    let n_groups = w.n_panels.div_ceil(group);
+    (0..n_groups).into_par_iter().for_each(|g| run(g * group..((g + 1) * group).min(w.n_panels)));
 }
 
 /// Element types a panel can hold.
@@ -308,6 +319,10 @@ pub(crate) struct Tile<'a, T> {
     /// One accumulator chain per output, in k order, whatever `mr` is (the GEMM
     /// micro-kernel's order), so a row's result does not depend on the rows beside it.
     fixed_order: bool,
+    /// Weights to bring toward the cache while this tile computes (a share of the next
+    /// panel, spread over its k steps): the skinny GEMM's way of overlapping the memory
+    /// stream with the arithmetic. Never read, only prefetched.
+    prefetch: Option<&'a [T]>,
 }
 
 fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
@@ -403,9 +418,51 @@ fn run_group<T: PanelElem>(
         // GEMV: each panel is streamed once, front to back, for all rows together.
         for p in panels {
             acc = [[0.0; NR]; MR];
-            tile(isa, &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in, fixed_order }, &mut acc);
+            tile(
+                isa,
+                &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in, fixed_order, prefetch: None },
+                &mut acc,
+            );
             let j0 = p * NR;
             finish_tile(isa, &mut acc, rows, 0, j0, NR.min(n_out - j0), epi, out_row);
+        }
+        return;
+    }
+    if rows <= SKINNY_MAX_ROWS && causal == Causal::None {
+        // Skinny GEMM (a decode step of several sequences): panel by panel, so the group
+        // is one front-to-back stream, each panel's K blocks summed in registers for one
+        // row block after another while the panel sits in L1/L2. The same arithmetic per
+        // output as the K-blocks-outermost loop below (blocks added in order).
+        let n_panels = data.len() / (n_in * NR);
+        let tiles = rows.div_ceil(MR) * n_in.div_ceil(KC);
+        for p in panels {
+            let (j0, nj) = (p * NR, NR.min(n_out - p * NR));
+            // The next panel in memory (usually this task's next one), in one share per
+            // tile of this panel.
+            let next = if p + 1 < n_panels { panel(p + 1) } else { &[] };
+            let share = next.len().div_ceil(tiles);
+            let mut i = 0;
+            for r0 in (0..rows).step_by(MR) {
+                let mr = MR.min(rows - r0);
+                acc = [[0.0; NR]; MR];
+                for k0 in (0..n_in).step_by(KC) {
+                    let kc = KC.min(n_in - k0);
+                    let pf = &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())];
+                    i += 1;
+                    let prefetch = (!pf.is_empty()).then_some(pf);
+                    let t = Tile {
+                        a: &x[r0 * n_in + k0..],
+                        lda: n_in,
+                        mr,
+                        panel: &panel(p)[k0 * NR..],
+                        kc,
+                        fixed_order,
+                        prefetch,
+                    };
+                    tile(isa, &t, &mut acc);
+                }
+                finish_tile(isa, &mut acc, mr, r0, j0, nj, epi, out_row);
+            }
         }
         return;
     }
@@ -439,7 +496,15 @@ fn run_group<T: PanelElem>(
                         unsafe { copy_cols(out_row(r0 + r).add(j0), acc_r.as_mut_ptr(), nj) };
                     }
                 }
-                let t = Tile { a: &x[r0 * n_in + k0..], lda: n_in, mr, panel: &panel(p)[k0 * NR..], kc, fixed_order };
+                let t = Tile {
+                    a: &x[r0 * n_in + k0..],
+                    lda: n_in,
+                    mr,
+                    panel: &panel(p)[k0 * NR..],
+                    kc,
+                    fixed_order,
+                    prefetch: None,
+                };
                 tile(isa, &t, &mut acc);
                 if last {
                     finish_tile(isa, &mut acc, mr, r0, j0, nj, epi, out_row);
@@ -465,6 +530,39 @@ pub(crate) mod x86 {
 
     pub(crate) type KernelFn<T> = unsafe fn(&Tile<T>, &mut [[f32; NR]; MR]);
 
+    /// A tile's prefetch region spread over its `kc` steps: step `k` touches byte
+    /// `k · step` of it (`step` ≤ one cache line whenever the region is at most
+    /// `kc` lines, as the skinny GEMM's shares are).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Prefetch {
+        base: *const i8,
+        step: usize,
+    }
+
+    impl Prefetch {
+        pub(crate) fn new<T>(region: Option<&[T]>, kc: usize) -> Self {
+            match region {
+                Some(r) if kc > 0 => {
+                    Prefetch { base: r.as_ptr() as *const i8, step: std::mem::size_of_val(r).div_ceil(kc) }
+                }
+                _ => Prefetch { base: std::ptr::null(), step: 0 },
+            }
+        }
+
+        pub(crate) fn is_some(&self) -> bool {
+            !self.base.is_null()
+        }
+
+        /// Prefetch the line holding byte `k · step` of the region.
+        #[inline(always)]
+        pub(crate) fn at(&self, k: usize) {
+            // SAFETY: a prefetch is a hint: it reads no memory the program can observe and
+            // never faults, whatever the address (`wrapping_add` keeps the pointer
+            // arithmetic itself defined).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.base.wrapping_add(k * self.step)) }
+        }
+    }
+
     macro_rules! kernel {
         ($name:ident, $t:ty, $load:expr) => {
             /// # Safety
@@ -478,17 +576,25 @@ pub(crate) mod x86 {
                 );
                 let load: unsafe fn(*const $t) -> __m256 = $load;
                 let (a, b) = (t.a.as_ptr(), t.panel.as_ptr());
-                // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted above.
+                let pf = Prefetch::new(t.prefetch, t.kc);
+                // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted
+                // above; prefetches are hints that read nothing.
                 unsafe {
-                    match t.mr {
-                        1 if t.fixed_order => block::<1, $t>(a, t.lda, b, t.kc, acc, load),
-                        2 if t.fixed_order => block::<2, $t>(a, t.lda, b, t.kc, acc, load),
-                        1 => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
-                        2 => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
-                        3 => block::<3, $t>(a, t.lda, b, t.kc, acc, load),
-                        4 => block::<4, $t>(a, t.lda, b, t.kc, acc, load),
-                        5 => block::<5, $t>(a, t.lda, b, t.kc, acc, load),
-                        _ => block::<6, $t>(a, t.lda, b, t.kc, acc, load),
+                    match (t.mr, pf.is_some()) {
+                        (1, false) if t.fixed_order => block::<1, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (1, true) if t.fixed_order => block::<1, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (2, false) if t.fixed_order => block::<2, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (2, true) if t.fixed_order => block::<2, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (1, _) => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
+                        (2, _) => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
+                        (3, false) => block::<3, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (3, true) => block::<3, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (4, false) => block::<4, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (4, true) => block::<4, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (5, false) => block::<5, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (5, true) => block::<5, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (_, false) => block::<6, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (_, true) => block::<6, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
                     }
                 }
             }
@@ -508,17 +614,23 @@ pub(crate) mod x86 {
                 );
                 let load: unsafe fn(*const $t) -> __m512 = $load;
                 let (a, b) = (t.a.as_ptr(), t.panel.as_ptr());
-                // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted above.
+                let pf = Prefetch::new(t.prefetch, t.kc);
+                // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted
+                // above; prefetches are hints that read nothing.
                 unsafe {
-                    match t.mr {
+                    match (t.mr, pf.is_some()) {
                         // `tile` sends one- and two-row tiles to the AVX2 kernel; were they
                         // to come here, they would take the GEMM order.
-                        1 => block512::<1, $t>(a, t.lda, b, t.kc, acc, load),
-                        2 => block512::<2, $t>(a, t.lda, b, t.kc, acc, load),
-                        3 => block512::<3, $t>(a, t.lda, b, t.kc, acc, load),
-                        4 => block512::<4, $t>(a, t.lda, b, t.kc, acc, load),
-                        5 => block512::<5, $t>(a, t.lda, b, t.kc, acc, load),
-                        _ => block512::<6, $t>(a, t.lda, b, t.kc, acc, load),
+                        (1, _) => block512::<1, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (2, _) => block512::<2, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (3, false) => block512::<3, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (3, true) => block512::<3, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (4, false) => block512::<4, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (4, true) => block512::<4, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (5, false) => block512::<5, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (5, true) => block512::<5, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (_, false) => block512::<6, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        (_, true) => block512::<6, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
                     }
                 }
             }
@@ -534,17 +646,21 @@ pub(crate) mod x86 {
     /// [`block`] with one 512-bit register per panel row: R × 16 accumulators, one FMA
     /// chain per output in k order.
     #[inline(always)]
-    unsafe fn block512<const R: usize, T>(
+    unsafe fn block512<const R: usize, const PF: bool, T>(
         a: *const f32,
         lda: usize,
         b: *const T,
         kc: usize,
         acc: &mut [[f32; NR]; MR],
         load: unsafe fn(*const T) -> __m512,
+        pf: Prefetch,
     ) {
         unsafe {
             let mut s = [_mm512_setzero_ps(); R];
             for k in 0..kc {
+                if PF {
+                    pf.at(k);
+                }
                 let bv = load(b.add(k * NR));
                 for r in 0..R {
                     s[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a.add(r * lda + k)), bv, s[r]);
@@ -611,17 +727,21 @@ pub(crate) mod x86 {
 
     /// The GEMM micro-kernel: R × 16 accumulators in registers.
     #[inline(always)]
-    unsafe fn block<const R: usize, T>(
+    unsafe fn block<const R: usize, const PF: bool, T>(
         a: *const f32,
         lda: usize,
         b: *const T,
         kc: usize,
         acc: &mut [[f32; NR]; MR],
         load: unsafe fn(*const T) -> __m256,
+        pf: Prefetch,
     ) {
         unsafe {
             let mut s = [[_mm256_setzero_ps(); 2]; R];
             for k in 0..kc {
+                if PF {
+                    pf.at(k);
+                }
                 let b0 = load(b.add(k * NR));
                 let b1 = load(b.add(k * NR + 8));
                 for r in 0..R {
@@ -657,7 +777,8 @@ mod tests {
         let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
             &[(1, 5, 17), (3, 17, 33), (7, 260, 18)]
         } else {
-            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (13, 513, 100)]
+            // 13 rows: the skinny, panel-by-panel GEMM; 37: K blocks outermost.
+            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (13, 513, 100), (37, 300, 40)]
         };
         for &(rows, n_in, n_out) in shapes {
             let x = values(rows * n_in, 1);
@@ -698,7 +819,9 @@ mod tests {
     /// splits the sums four ways, which this test also shows, so it can fail).
     #[test]
     fn batch_invariant_rows_do_not_depend_on_the_batch() {
-        let (n_in, n_out, big) = (if cfg!(miri) { 300 } else { 600 }, 40, 30);
+        // 40 rows take the K-blocks-outermost GEMM loop, up to 32 the skinny one: the same
+        // bits either way.
+        let (n_in, n_out, big) = (if cfg!(miri) { 300 } else { 600 }, 40, 40);
         let x = values(big * n_in, 7);
         let w = values(n_in * n_out, 8);
         let bias = values(n_out, 9);
@@ -709,8 +832,20 @@ mod tests {
                 let mut all = vec![f32::NAN; big * n_out];
                 matmul_batch_invariant(isa, &x, big, &packed, epi, &mut all);
                 let mut plain_differs = false;
-                for (start, rows) in [(0, 1), (5, 1), (3, 2), (4, 3), (2, 4), (1, 5), (6, 7), (12, 1), (29, 1), (3, 24)]
-                {
+                for (start, rows) in [
+                    (0, 1),
+                    (5, 1),
+                    (3, 2),
+                    (4, 3),
+                    (2, 4),
+                    (1, 5),
+                    (6, 7),
+                    (12, 1),
+                    (29, 1),
+                    (3, 24),
+                    (8, 32),
+                    (39, 1),
+                ] {
                     let xs = &x[start * n_in..(start + rows) * n_in];
                     let mut out = vec![f32::NAN; rows * n_out];
                     matmul_batch_invariant(isa, xs, rows, &packed, epi, &mut out);
@@ -758,8 +893,8 @@ mod tests {
             let panel: Vec<f32> = values(kc * NR, 14);
             let panel16: Vec<f16> = panel.iter().map(|&v| f16::from_f32(v)).collect();
             for mr in 1..=MR {
-                let t = Tile { a: &a, lda, mr, panel: &panel, kc, fixed_order: true };
-                let t16 = Tile { a: &a, lda, mr, panel: &panel16, kc, fixed_order: true };
+                let t = Tile { a: &a, lda, mr, panel: &panel, kc, fixed_order: true, prefetch: None };
+                let t16 = Tile { a: &a, lda, mr, panel: &panel16, kc, fixed_order: true, prefetch: None };
                 let (mut x, mut y, mut x16, mut y16) =
                     ([[0.5f32; NR]; MR], [[0.5f32; NR]; MR], [[0.0; NR]; MR], [[0.0; NR]; MR]);
                 // SAFETY: both ISAs were detected above; the tiles are in bounds.

@@ -219,10 +219,12 @@ impl KvCache for CpuKvCache {
     }
 }
 
-/// Decode-path attention keeps its scores on the stack up to this many positions.
-const STACK_SCORES: usize = 2048;
-/// Head sizes up to this convert f16 cache rows on the stack (GPT-2: 64; Llama: 64-128).
-const MAX_HEAD_DIM: usize = 256;
+thread_local! {
+    /// Per-thread scratch of the per-row attention path: the scores of one (row, head)
+    /// and one f16 cache row converted to f32.
+    static ATTENTION_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
 
 /// `len` cached values from `start`, as f32 (converted into `tmp` for an f16 cache).
 fn kv_slice<'a>(store: &'a KvStore, start: usize, len: usize, tmp: &'a mut [f32]) -> &'a [f32] {
@@ -632,32 +634,36 @@ impl Backend for CpuBackend {
             let cache = &caches[s];
             let (k_store, v_store) = &cache.layers[layer];
             let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
-            // Scratch on the stack for contexts up to STACK_SCORES: no allocation, and no
-            // per-thread state to warm up.
-            let mut stack_scores = [0.0f32; STACK_SCORES];
-            let mut heap_scores = Vec::new();
-            let scores: &mut [f32] = if pos < STACK_SCORES {
-                &mut stack_scores[..pos + 1]
-            } else {
-                heap_scores.resize(pos + 1, 0.0);
-                &mut heap_scores
-            };
-            let mut stack_tmp = [0.0f32; MAX_HEAD_DIM];
-            let mut heap_tmp = Vec::new();
-            let tmp: &mut [f32] = if hd <= MAX_HEAD_DIM {
-                &mut stack_tmp
-            } else {
-                heap_tmp.resize(hd, 0.0);
-                &mut heap_tmp
-            };
-            for (j, sc) in scores.iter_mut().enumerate() {
-                *sc = simd::dot(isa, q, kv_slice(k_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp)) * spec.scale;
-            }
-            simd::softmax(isa, scores);
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp), o);
-            }
+            // Scratch kept by each thread, reserved for the whole cache at once (so warm
+            // decode steps never allocate) and never shrunk: a decode step runs thousands of
+            // these tasks, and zeroing fresh stack buffers for each showed in profiles.
+            ATTENTION_SCRATCH.with_borrow_mut(|(scores, tmp)| {
+                scores.clear();
+                scores.reserve(cache.capacity.max(pos + 1));
+                scores.resize(pos + 1, 0.0);
+                tmp.resize(hd, 0.0);
+                // This head's cached rows 0..=pos are contiguous (see `kv_index`).
+                let span = kv_index(cache.capacity, hd, kvh, 0)..kv_index(cache.capacity, hd, kvh, pos + 1);
+                match k_store {
+                    KvStore::F32(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),
+                    KvStore::F16(_) => {
+                        for (j, sc) in scores.iter_mut().enumerate() {
+                            let key = kv_slice(k_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp);
+                            *sc = simd::dot(isa, q, key) * spec.scale;
+                        }
+                    }
+                }
+                simd::softmax(isa, scores);
+                match v_store {
+                    KvStore::F32(v) => simd::weighted_rows(isa, scores, &v[span], o),
+                    KvStore::F16(_) => {
+                        o.fill(0.0);
+                        for (j, &p) in scores.iter().enumerate() {
+                            simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp), o);
+                        }
+                    }
+                }
+            })
         };
         // A parallel region costs a thread wake-up (~10-20 µs): worth it only when the
         // scores to compute are many.

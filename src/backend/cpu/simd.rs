@@ -215,6 +215,38 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// `scores[j] = dot(q, rows[j·n .. (j+1)·n]) · scale` for every row (`n = q.len()`),
+/// each exactly as [`dot`] computes it: attention scores against one head's cached keys.
+pub fn dot_rows(isa: Isa, q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
+    let n = q.len();
+    assert_eq!(rows.len(), scores.len() * n, "dot_rows: shapes");
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx2() {
+        // SAFETY: features checked by detection; shapes checked above.
+        return unsafe { x86::dot_rows(q, rows, scale, scores) };
+    }
+    for (sc, row) in scores.iter_mut().zip(rows.chunks_exact(n.max(1))) {
+        *sc = dot(isa, q, row) * scale;
+    }
+}
+
+/// `out = Σ_j p[j] · rows[j·n .. (j+1)·n]` (`n = out.len()`), summed in `j` order from
+/// zero with a separate multiply and add per term, exactly as [`axpy`] called for each
+/// row in turn: attention's weighted values.
+pub fn weighted_rows(isa: Isa, p: &[f32], rows: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    assert_eq!(rows.len(), p.len() * n, "weighted_rows: shapes");
+    #[cfg(target_arch = "x86_64")]
+    if isa.is_avx2() {
+        // SAFETY: features checked by detection; shapes checked above.
+        return unsafe { x86::weighted_rows(p, rows, out) };
+    }
+    out.fill(0.0);
+    for (&pj, row) in p.iter().zip(rows.chunks_exact(n.max(1))) {
+        axpy(isa, pj, row, out);
+    }
+}
+
 /// `y += a * x`.
 pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len());
@@ -454,7 +486,54 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
+    /// `rows.len() == scores.len() * q.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_rows(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
+        let n = q.len();
+        for (j, sc) in scores.iter_mut().enumerate() {
+            // SAFETY: row j is inside `rows` (the caller's shape); `dot` inlines here.
+            *sc = unsafe { dot(q, rows.get_unchecked(j * n..(j + 1) * n)) } * scale;
+        }
+    }
+
+    /// # Safety
+    /// `rows.len() == p.len() * out.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn weighted_rows(p: &[f32], rows: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        let r = rows.as_ptr();
+        // Columns in strips of up to 64 held in eight registers across all rows; each term
+        // a multiply then an add, as the scalar `y += a * x` rounds.
+        let mut c = 0;
+        while c + 8 <= n {
+            let w = ((n - c) / 8).min(8);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, &pj) in p.iter().enumerate() {
+                let pv = _mm256_set1_ps(pj);
+                for (u, a) in acc.iter_mut().enumerate().take(w) {
+                    // SAFETY: j < p.len() and c + 8u + 8 ≤ n, so the 8 floats are inside row j.
+                    let v = unsafe { _mm256_loadu_ps(r.add(j * n + c + 8 * u)) };
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, v));
+                }
+            }
+            for (u, a) in acc.iter().enumerate().take(w) {
+                // SAFETY: c + 8u + 8 ≤ n.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * u), *a) };
+            }
+            c += 8 * w;
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(c) {
+            let mut acc = 0.0f32;
+            for (j, &pj) in p.iter().enumerate() {
+                acc += pj * rows[j * n + i];
+            }
+            *o = acc;
+        }
+    }
+
+    /// # Safety
     /// `a.len() == b.len()`.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
@@ -613,6 +692,40 @@ mod tests {
         softmax(Isa::PORTABLE, &mut w);
         for (a, b) in v.iter().zip(&w) {
             assert!((a - b).abs() <= 1e-6 * b.max(1e-30) + 1e-37, "{a} vs {b}");
+        }
+    }
+
+    /// The attention row kernels give the bits of the per-row `dot` and `axpy` loops they
+    /// replace, on every path, for widths around the 8- and 64-column strips.
+    #[test]
+    fn row_kernels_equal_their_per_row_loops_bit_for_bit() {
+        let val = |i: usize, seed: usize| {
+            let h = (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 20011;
+            // Large and small magnitudes together, so any change of order shows in the bits.
+            (h as f32 / 20011.0 - 0.5) * if h.is_multiple_of(7) { 1e4 } else { 1.0 }
+        };
+        for isa in isas_or_skip() {
+            for n in [1, 7, 8, 9, 63, 64, 65, 100, 128, 129, 200] {
+                for n_rows in [0, 1, 5, 33] {
+                    let q: Vec<f32> = (0..n).map(|i| val(i, 1)).collect();
+                    let rows: Vec<f32> = (0..n * n_rows).map(|i| val(i, 2)).collect();
+                    let mut got = vec![f32::NAN; n_rows];
+                    dot_rows(isa, &q, &rows, 0.125, &mut got);
+                    for (j, g) in got.iter().enumerate() {
+                        let want = dot(isa, &q, &rows[j * n..(j + 1) * n]) * 0.125;
+                        assert_eq!(g.to_bits(), want.to_bits(), "{isa:?} dot_rows n {n} row {j}");
+                    }
+                    let p: Vec<f32> = (0..n_rows).map(|j| val(j, 3).abs()).collect();
+                    let mut got = vec![f32::NAN; n];
+                    weighted_rows(isa, &p, &rows, &mut got);
+                    let mut want = vec![0.0f32; n];
+                    for (j, &pj) in p.iter().enumerate() {
+                        axpy(isa, pj, &rows[j * n..(j + 1) * n], &mut want);
+                    }
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} weighted_rows n {n} rows {n_rows}: {got:?} vs {want:?}");
+                }
+            }
         }
     }
 }
