@@ -1,5 +1,6 @@
-//! Packed weights and the matrix-multiply kernels: GEMV for decode, cache-blocked GEMM
-//! for prefill, both streaming each weight byte once per call.
+//! Packed weights and the matrix-multiply kernels: GEMV for decode, a panel-by-panel
+//! "skinny" GEMM for a few dozen rows (a decode step of several sequences), and a
+//! cache-blocked GEMM for prefill, all streaming each weight byte once per call.
 //!
 //! Weights are packed at load time into panels of [`NR`] = 16 output columns, each
 //! panel stored k-major: `panel[p][k][j] = W[k][16p + j]` (zero-padded past `n_out`).
@@ -194,8 +195,9 @@ pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue,
 }
 
 /// [`matmul`] whose every output row is bit-identical whatever `rows` is: every row
-/// goes through the GEMM path (K blocks of [`KC`], one FMA chain per output within a
-/// block, blocks added in order), never the few-row GEMV with its split accumulators.
+/// takes the GEMM order (K blocks of [`KC`], one FMA chain per output within a block,
+/// blocks added in order; the skinny and the blocked loops both keep it), never the
+/// few-row GEMV with its split accumulators.
 /// What batch invariance costs on dense weights: decode loses the GEMV's four-way
 /// unrolled chains (it stays memory-bound on this machine; see docs/serving.md).
 pub fn matmul_batch_invariant(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
@@ -257,8 +259,8 @@ fn matmul_impl(
             return;
         }
     }
-    // Split panels into contiguous runs: 16 per thread for GEMV (pure streaming; fine
-    // enough that work stealing evens out the threads before one goes to sleep), or
+    // Otherwise (one thread, a busy team, prefill) split panels into contiguous runs: 16
+    // per thread for GEMV (fine enough that work stealing evens out the threads), or
     // L2-sized column groups for GEMM.
     let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
     let n_groups = w.n_panels.div_ceil(group);
@@ -326,6 +328,7 @@ pub(crate) struct Tile<'a, T> {
 }
 
 fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
+    let _ = t.prefetch; // a hint the portable loop leaves to the hardware
     for k in 0..t.kc {
         let b: [f32; NR] = std::array::from_fn(|j| t.panel[k * NR + j].to_f32());
         for (r, acc_r) in acc.iter_mut().enumerate().take(t.mr) {
@@ -433,23 +436,23 @@ fn run_group<T: PanelElem>(
         // is one front-to-back stream, each panel's K blocks summed in registers for one
         // row block after another while the panel sits in L1/L2. The same arithmetic per
         // output as the K-blocks-outermost loop below (blocks added in order).
-        let n_panels = data.len() / (n_in * NR);
-        let tiles = rows.div_ceil(MR) * n_in.div_ceil(KC);
+        let (n_panels, row_blocks) = (n_out.div_ceil(NR), rows.div_ceil(MR));
         for p in panels {
             let (j0, nj) = (p * NR, NR.min(n_out - p * NR));
-            // The next panel in memory (usually this task's next one), in one share per
-            // tile of this panel.
+            // The next panel in memory (usually this task's next one): the tile of row
+            // block b and K block k0 brings in the b-th of `row_blocks` shares of that
+            // panel's same K block, so each of its k steps prefetches at most one line.
             let next = if p + 1 < n_panels { panel(p + 1) } else { &[] };
-            let share = next.len().div_ceil(tiles);
-            let mut i = 0;
-            for r0 in (0..rows).step_by(MR) {
+            for (b, r0) in (0..rows).step_by(MR).enumerate() {
                 let mr = MR.min(rows - r0);
                 acc = [[0.0; NR]; MR];
                 for k0 in (0..n_in).step_by(KC) {
                     let kc = KC.min(n_in - k0);
-                    let pf = &next[(i * share).min(next.len())..((i + 1) * share).min(next.len())];
-                    i += 1;
-                    let prefetch = (!pf.is_empty()).then_some(pf);
+                    let prefetch = next.get(k0 * NR..(k0 + kc) * NR).and_then(|block| {
+                        let share = block.len().div_ceil(row_blocks);
+                        let part = &block[(b * share).min(block.len())..((b + 1) * share).min(block.len())];
+                        (!part.is_empty()).then_some(part)
+                    });
                     let t = Tile {
                         a: &x[r0 * n_in + k0..],
                         lda: n_in,
@@ -531,8 +534,9 @@ pub(crate) mod x86 {
     pub(crate) type KernelFn<T> = unsafe fn(&Tile<T>, &mut [[f32; NR]; MR]);
 
     /// A tile's prefetch region spread over its `kc` steps: step `k` touches byte
-    /// `k · step` of it (`step` ≤ one cache line whenever the region is at most
-    /// `kc` lines, as the skinny GEMM's shares are).
+    /// `k · step` of it (`step` ≤ one cache line whenever the region is at most `kc`
+    /// lines, as the skinny GEMM's shares are: `kc` panel rows of 64 bytes or fewer,
+    /// split between the row blocks).
     #[derive(Clone, Copy)]
     pub(crate) struct Prefetch {
         base: *const i8,
@@ -778,7 +782,7 @@ mod tests {
             &[(1, 5, 17), (3, 17, 33), (7, 260, 18)]
         } else {
             // 13 rows: the skinny, panel-by-panel GEMM; 37: K blocks outermost.
-            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (13, 513, 100), (37, 300, 40)]
+            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (13, 513, 100), (9, 100, 20), (37, 300, 40)]
         };
         for &(rows, n_in, n_out) in shapes {
             let x = values(rows * n_in, 1);
@@ -851,12 +855,27 @@ mod tests {
                     matmul_batch_invariant(isa, xs, rows, &packed, epi, &mut out);
                     let want = &all[start * n_out..(start + rows) * n_out];
                     let same = out.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{isa:?} {dtype:?}: rows {start}..{} differ from the 30-row batch", start + rows);
+                    assert!(same, "{isa:?} {dtype:?}: rows {start}..{} differ from the 40-row batch", start + rows);
                     matmul(isa, xs, rows, &packed, epi, &mut out);
                     plain_differs |= out.iter().zip(want).any(|(a, b)| a.to_bits() != b.to_bits());
                 }
                 if isa.is_avx2() {
                     assert!(plain_differs, "the plain GEMV was expected to sum in another order");
+                }
+                // One thread (a plain loop) and two (the spinning team, or rayon when the
+                // team is busy with another test): the same bits.
+                if !cfg!(miri) {
+                    for threads in [1, 2] {
+                        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                        for rows in [1, 3, 16, 40] {
+                            let mut out = vec![f32::NAN; rows * n_out];
+                            pool.install(|| {
+                                matmul_batch_invariant(isa, &x[..rows * n_in], rows, &packed, epi, &mut out)
+                            });
+                            let same = out.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{isa:?} {dtype:?}: {rows} rows on {threads} threads differ");
+                        }
+                    }
                 }
             }
         }

@@ -221,7 +221,8 @@ impl KvCache for CpuKvCache {
 
 thread_local! {
     /// Per-thread scratch of the per-row attention path: the scores of one (row, head)
-    /// and one f16 cache row converted to f32.
+    /// and one f16 cache row converted to f32. Borrowed only around plain kernel calls
+    /// (no rayon join inside, so no other task can run on this thread meanwhile).
     static ATTENTION_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }

@@ -486,7 +486,7 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
-    /// `rows.len() == scores.len() * q.len()`.
+    /// Needs AVX2 and FMA; `rows.len() == scores.len() * q.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn dot_rows(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
         let n = q.len();
@@ -497,7 +497,7 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
-    /// `rows.len() == p.len() * out.len()`.
+    /// Needs AVX2 and FMA; `rows.len() == p.len() * out.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn weighted_rows(p: &[f32], rows: &[f32], out: &mut [f32]) {
         let n = out.len();
