@@ -584,21 +584,15 @@ pub(crate) mod x86 {
                 // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted
                 // above; prefetches are hints that read nothing.
                 unsafe {
-                    match (t.mr, pf.is_some()) {
-                        (1, false) if t.fixed_order => block::<1, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (1, true) if t.fixed_order => block::<1, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (2, false) if t.fixed_order => block::<2, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (2, true) if t.fixed_order => block::<2, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (1, _) => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
-                        (2, _) => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
-                        (3, false) => block::<3, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (3, true) => block::<3, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (4, false) => block::<4, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (4, true) => block::<4, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (5, false) => block::<5, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (5, true) => block::<5, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (_, false) => block::<6, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (_, true) => block::<6, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                    match t.mr {
+                        1 if t.fixed_order => block_pf::<1, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        2 if t.fixed_order => block_pf::<2, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        1 => gemv_rows::<1, $t>(a, t.lda, b, t.kc, acc, load),
+                        2 => gemv_rows::<2, $t>(a, t.lda, b, t.kc, acc, load),
+                        3 => block_pf::<3, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        4 => block_pf::<4, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        5 => block_pf::<5, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        _ => block_pf::<6, $t>(a, t.lda, b, t.kc, acc, load, pf),
                     }
                 }
             }
@@ -622,19 +616,15 @@ pub(crate) mod x86 {
                 // SAFETY (all pointer reads): k < kc and r < mr, within the lengths asserted
                 // above; prefetches are hints that read nothing.
                 unsafe {
-                    match (t.mr, pf.is_some()) {
+                    match t.mr {
                         // `tile` sends one- and two-row tiles to the AVX2 kernel; were they
                         // to come here, they would take the GEMM order.
-                        (1, _) => block512::<1, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (2, _) => block512::<2, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (3, false) => block512::<3, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (3, true) => block512::<3, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (4, false) => block512::<4, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (4, true) => block512::<4, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (5, false) => block512::<5, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (5, true) => block512::<5, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (_, false) => block512::<6, false, $t>(a, t.lda, b, t.kc, acc, load, pf),
-                        (_, true) => block512::<6, true, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        1 => block512_pf::<1, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        2 => block512_pf::<2, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        3 => block512_pf::<3, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        4 => block512_pf::<4, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        5 => block512_pf::<5, $t>(a, t.lda, b, t.kc, acc, load, pf),
+                        _ => block512_pf::<6, $t>(a, t.lda, b, t.kc, acc, load, pf),
                     }
                 }
             }
@@ -646,6 +636,27 @@ pub(crate) mod x86 {
     kernel512!(kernel_bf16_512, bf16, |p| unsafe {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
     });
+
+    /// [`block512`] with the prefetch switch decided once per tile, not per k step.
+    #[inline(always)]
+    unsafe fn block512_pf<const R: usize, T>(
+        a: *const f32,
+        lda: usize,
+        b: *const T,
+        kc: usize,
+        acc: &mut [[f32; NR]; MR],
+        load: unsafe fn(*const T) -> __m512,
+        pf: Prefetch,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if pf.is_some() {
+                block512::<R, true, T>(a, lda, b, kc, acc, load, pf)
+            } else {
+                block512::<R, false, T>(a, lda, b, kc, acc, load, pf)
+            }
+        }
+    }
 
     /// [`block`] with one 512-bit register per panel row: R × 16 accumulators, one FMA
     /// chain per output in k order.
@@ -725,6 +736,27 @@ pub(crate) mod x86 {
                     let p = acc[r].as_mut_ptr().add(8 * h);
                     _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), v));
                 }
+            }
+        }
+    }
+
+    /// [`block`] with the prefetch switch decided once per tile, not per k step.
+    #[inline(always)]
+    unsafe fn block_pf<const R: usize, T>(
+        a: *const f32,
+        lda: usize,
+        b: *const T,
+        kc: usize,
+        acc: &mut [[f32; NR]; MR],
+        load: unsafe fn(*const T) -> __m256,
+        pf: Prefetch,
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if pf.is_some() {
+                block::<R, true, T>(a, lda, b, kc, acc, load, pf)
+            } else {
+                block::<R, false, T>(a, lda, b, kc, acc, load, pf)
             }
         }
     }
