@@ -467,13 +467,23 @@ fn random_blocks(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_out:
 
 /// The quantized kernels (GGUF Q8_0/Q4_0/Q4_1 blocks × activations quantized to 8-bit
 /// blocks) against an independent f64 evaluation of the same block formula from the raw
-/// bytes, on both ISAs, awkward shapes (partial row groups, one block per row, decode
+/// bytes, on both ISAs, awkward shapes (partial panels of 16 rows, one block per row, decode
 /// and prefill row counts) and activation magnitudes from 1e-3 to 1e3. The integer sums
 /// are exact, so only f32 accumulation separates them: bound 1e-5 of Σ|block terms|.
 /// Also: the activation quantizer meets its definition, and the embedding lookup of a
-/// quantized table equals gguf-py's dequantization bit for bit.
+/// quantized table equals gguf-py's dequantization bit for bit. On a two-thread pool, so
+/// batched decode (17 and 32 rows over three panels of 16) runs on the thread team, each
+/// thread's run of panels checked here independently of the dispatch code.
 #[test]
 fn quantized_linear_matches_block_arithmetic() {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap()
+        .install(quantized_linear_matches_block_arithmetic_on_this_pool);
+}
+
+fn quantized_linear_matches_block_arithmetic_on_this_pool() {
     use batch_forge::backend::cpu::qmatmul::{Q8Rows, QK, quantize_rows};
     use batch_forge::loaders::gguf::GgmlType;
     let mut rng = Rng::new(77);
@@ -488,6 +498,8 @@ fn quantized_linear_matches_block_arithmetic() {
                 (17, 1536, 5, 1.0),
                 (49, 64, 33, 10.0),
                 (4, 32, 4, 1.0),
+                (40, 160, 17, 1.0),
+                (48, 576, 32, 1e2),
             ] {
                 let bytes = random_blocks(&mut rng, ty, n_out, n_in);
                 let w = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
@@ -564,9 +576,14 @@ fn quantized_linear_matches_block_arithmetic() {
 /// The quantized kernels follow one order of arithmetic (see `qmatmul`'s module doc): the
 /// AVX2 and AVX-512 VNNI kernels equal the portable path bit for bit, and each activation row's outputs are
 /// the same bits whether it is multiplied alone (decode) or among others (prefill, chunks
-/// of four and remainders): what the server's batch invariance rests on.
+/// of two or four and remainders, on one thread, rayon or the two-thread team): what the
+/// server's batch invariance rests on.
 #[test]
 fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
+    rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap().install(quantized_kernels_agree_on_this_pool);
+}
+
+fn quantized_kernels_agree_on_this_pool() {
     use batch_forge::loaders::gguf::GgmlType;
     let fast_isas: Vec<Isa> = isas_or_skip().into_iter().filter(|&i| i != Isa::PORTABLE).collect();
     if fast_isas.is_empty() {
@@ -578,14 +595,16 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
     let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
-        // Shapes: partial groups of 3, 1, 2 rows; remainders of 1-3 rows past chunks of
-        // four; (70, 512, 9) runs prefill over several parallel tasks. Case 5 has every
+        // Shapes: partial panels of 7, 13, 4 rows; remainders of 1-3 rows past chunks of
+        // four (two on AVX2); (70, 512, 9) runs five panels on the thread team. Case 5 has every
         // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
         // three end rows in a partial quad of 3, 2 and 1 blocks (not for Q4_K's 256-wide
         // super-blocks, always whole quads); the next two do so at the extremes (a single
         // partial quad of 2 and of 1 block, every weight and activation extreme), and with
         // random f16 scales of any sign and size, subnormals and zeros included (the SIMD
-        // paths widen them with `vcvtph2ps`, the portable one in software).
+        // paths widen them with `vcvtph2ps`, the portable one in software). The last three
+        // are batched decode: 17 and 32 rows over three panels of 16 (the first partial)
+        // on the thread team, and 33 rows past the team's limit (rayon).
         for (case, (n_out, n_in, t, scale)) in [
             (7, 256, 7, 1.0),
             (13, 512, 6, 1e3),
@@ -598,6 +617,9 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
             (3, 160, 5, 1e-2),
             (5, 64, 3, 1.0),
             (7, 160, 4, 1.0),
+            (40, 160, 17, 1.0),
+            (50, 256, 33, 1.0),
+            (48, 576, 32, 1.0),
         ]
         .into_iter()
         .enumerate()
@@ -682,7 +704,7 @@ fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {
 
 /// Q4_K weights run on the Q4_1 kernel as sub-blocks `(d·scale)·q − dmin·min`: against an
 /// f64 evaluation from the raw Q4_K bytes (6-bit scales and mins unpacked here, separately
-/// from the loader), both ISAs, 1–3 super-blocks per row, partial row groups, prefill and
+/// from the loader), both ISAs, 1–3 super-blocks per row, partial panels, prefill and
 /// decode; the embedding lookup equals gguf-py's dequantization bit for bit.
 #[test]
 fn q4_k_runs_as_exact_q4_1_sub_blocks() {
@@ -701,7 +723,9 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
     };
     for isa in isas_or_skip() {
         let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
-        for (n_out, n_in, t, scale) in [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0)] {
+        for (n_out, n_in, t, scale) in
+            [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0), (37, 512, 5, 1.0)]
+        {
             let mut bytes = vec![0u8; n_out * n_in / 256 * 144];
             for blk in bytes.chunks_mut(144) {
                 blk.iter_mut().for_each(|b| *b = rng.next_u64() as u8);

@@ -22,19 +22,19 @@
 //! goes to lane `k = b % 4` as `acc[k] = fma(d_w · d_x, Σ w·q, acc[k])` with the block's
 //! integer sum complete first (Q4_0's `Σ (n − 8)·q` as `Σ n·q − 8·Σq`), plus for Q4_1
 //! `off[k] = fma(m_w, s_x, off[k])`; then `t[k] = acc[k] + off[k]` and the output is
-//! `(t0 + t2) + (t1 + t3)`. (The SIMD kernels run lanes of blocks past a row's end, in its
-//! last quad, as `fma(0, 0, acc)`, which the portable path skips: the same bits, as an
-//! accumulator starting at +0 never becomes −0.) The SIMD kernels and the portable path follow it exactly, so
+//! `(t0 + t2) + (t1 + t3)`. The SIMD kernels and the portable path follow it exactly, so
 //! they agree bit for bit, and a row's result never depends on how many rows are
 //! multiplied with it (decode and prefill, alone or batched: the server's batch invariance).
 //!
-//! Kernels, over a group of four interleaved weight rows and a quad of four blocks at a
-//! time: each block gives, per row, a vector of 4 partial integer sums (AVX-512 VNNI: one
-//! 512-bit `vpdpbusd` pair for all four rows, Q8_0 on weights offset by 128 less 128 · the
-//! activation block's sum; AVX2: `maddubs`/`madd`, two rows per 256-bit register); the
-//! quad's four such vectors are transposed and added (`unpack` + `add`, no horizontal
-//! adds) into `[row][block]` sums, scaled by one vector multiply and FMA per quad. In
-//! prefill each decoded weight block meets four activation rows.
+//! Kernels, over a panel of sixteen interleaved weight rows ([`QMatrix`]): one register
+//! holds four consecutive weight bytes of each of the sixteen rows, so one integer
+//! multiply-add against four activation bytes broadcast (AVX-512 VNNI: `vpdpbusd`, Q8_0 on
+//! weights offset by 128, the sum started at −128 · the activation block's sum; AVX2:
+//! `maddubs` + `madd`, eight rows per 256-bit register) adds four products into each row's
+//! own 32-bit lane. A block's integer sums thus come out one row per lane, with no
+//! transposes or horizontal adds, and are scaled by one vector multiply and FMA per block
+//! and activation row. Each weight block, loaded and unpacked once, meets four activation
+//! rows (two on AVX2). Measured in `docs/benchmarks.md` ("Sixteen-row panels").
 
 use half::f16;
 use rayon::prelude::*;
@@ -93,24 +93,27 @@ impl QType {
     }
 }
 
-/// Rows interleaved per group (see [`QMatrix`]).
-pub const GROUP: usize = 4;
+/// Rows interleaved per panel (see [`QMatrix`]): sixteen 32-bit lanes, one 512-bit
+/// register (or two 256-bit ones).
+pub const PANEL: usize = 16;
 
-/// Blocks per quad: a row's blocks are accumulated in [`LANES`] float lanes, block `b`
-/// in lane `b % 4` (see the module doc), and scales are stored a quad at a time.
+/// A row's blocks are accumulated in [`LANES`] float lanes, block `b` in lane `b % 4`
+/// (see the module doc).
 pub const LANES: usize = 4;
 
-/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, rearranged at load into groups
-/// of [`GROUP`] rows, so a decode step reads each group as one sequential stream; a last
-/// partial group is padded with zero rows.
-/// - Quants (`qs`), block by block, the group's four rows together: Q4 blocks as
-///   `[r0 16 B][r1][r2][r3]` (as in the file), Q8_0 blocks split in halves,
-///   `[r0 values 0-15][r1][r2][r3][r0 values 16-31][r1][r2][r3]`, so one 512-bit register
-///   (or two 256-bit ones) holds the same 16 values of all four rows.
-/// - Scales (`dm`), a quad of blocks at a time: `d` as `[r0: b0 b1 b2 b3][r1: …][r2: …]
-///   [r3: …]`, then `m` (Q4_1) the same way; the blocks of a last partial quad past the
-///   row's end have zero scales. They stay f16 as the file has them (the kernels widen
-///   them, exactly), but for Q4_K's sub-block scales `d · scale`, which need f32.
+/// A `[n_out, n_in]` matrix of `n_in / 32` blocks per row, rearranged at load into panels
+/// of [`PANEL`] rows, so a decode step reads each panel as one sequential stream; a last
+/// partial panel is padded with zero rows.
+/// - Quants (`qs`), block by block, the panel's sixteen rows together in steps of four
+///   bytes: `[r0 bytes 0-3][r1 bytes 0-3] … [r15 bytes 0-3][r0 bytes 4-7] …`, each row's
+///   bytes as the file has them (Q8_0: 32 values; Q4: 16 bytes, value `i` in the low
+///   nibble of byte `i` and value `i + 16` in its high nibble). So one 512-bit load holds
+///   four consecutive bytes of each of the sixteen rows, and one `vpdpbusd` against four
+///   activation bytes broadcast adds four products into each row's own 32-bit lane: a
+///   block's integer sums come out one row per lane, with no horizontal adds.
+/// - Scales (`dm`), block by block: the sixteen rows' `d`, then (Q4_1) their `m`. They
+///   stay f16 as the file has them (the kernels widen them, exactly), but for Q4_K's
+///   sub-block scales `d · scale`, which need f32.
 pub struct QMatrix {
     pub ty: QType,
     pub n_in: usize,
@@ -174,7 +177,7 @@ impl ScaleSlice<'_> {
     }
 }
 
-/// One row of a [`QMatrix`]: its group's data and its place in the group.
+/// One row of a [`QMatrix`]: its panel's data and its place in the panel.
 #[derive(Clone, Copy)]
 struct RowRef<'a> {
     ty: QType,
@@ -189,18 +192,18 @@ impl RowRef<'_> {
     fn block(&self, b: usize) -> ([u8; QK], f32, f32) {
         let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
         let mut q = [0u8; QK];
-        let blk = &self.qs[b * GROUP * qb..(b + 1) * GROUP * qb];
-        for (h, piece) in q[..qb].chunks_exact_mut(16).enumerate() {
-            piece.copy_from_slice(&blk[(h * GROUP + self.r) * 16..][..16]);
+        let blk = &self.qs[b * PANEL * qb..(b + 1) * PANEL * qb];
+        for (step, piece) in q[..qb].chunks_exact_mut(4).enumerate() {
+            piece.copy_from_slice(&blk[(step * PANEL + self.r) * 4..][..4]);
         }
         let at = |kind: usize| self.dm.get(scale_index(ns, b, kind, self.r));
         (q, at(0), if ns == 2 { at(1) } else { 0.0 })
     }
 }
 
-/// Where, in a group's scales, row `r`'s scale `kind` (0: `d`, 1: `m`) of block `b` is.
+/// Where, in a panel's scales, row `r`'s scale `kind` (0: `d`, 1: `m`) of block `b` is.
 fn scale_index(ns: usize, b: usize, kind: usize, r: usize) -> usize {
-    (b / LANES * ns + kind) * GROUP * LANES + r * LANES + b % LANES
+    (b * ns + kind) * PANEL + r
 }
 
 /// Rows re-blocked between two calls of the loader's `done` in [`QMatrix::new_with`].
@@ -314,7 +317,7 @@ impl QMatrix {
         Ok(Self::from_blocks(QType::Q8_0, true, n_out, n_in, fill, done))
     }
 
-    /// The group-interleaved layout ([`QMatrix`]), each block's quants (in the file's
+    /// The panel-interleaved layout ([`QMatrix`]), each block's quants (in the file's
     /// order) and `[d, m]` written by `fill(row, block, quants, scales)`; `half`: the
     /// scales are f16 values (kept as f16).
     /// `done(rows)` hears of each run of [`RELEASE_ROWS`] rows once it is written.
@@ -328,22 +331,22 @@ impl QMatrix {
     ) -> Self {
         let nb = n_in / QK;
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
-        let n_groups = n_out.div_ceil(GROUP);
-        let group_scales = nb.div_ceil(LANES) * ns * GROUP * LANES;
-        let mut qs = super::matmul::huge_page_vec(n_groups * nb * GROUP * qb, 0u8);
-        let mut dm = Scales::zeros(half, n_groups * group_scales);
+        let n_panels = n_out.div_ceil(PANEL);
+        let panel_scales = nb * ns * PANEL;
+        let mut qs = super::matmul::huge_page_vec(n_panels * nb * PANEL * qb, 0u8);
+        let mut dm = Scales::zeros(half, n_panels * panel_scales);
         let mut q = [0u8; QK];
         for j in 0..n_out {
-            let (g, r) = (j / GROUP, j % GROUP);
+            let (p, r) = (j / PANEL, j % PANEL);
             for b in 0..nb {
                 let mut sc = [0f32; 2];
                 fill(j, b, &mut q[..qb], &mut sc);
-                let blk = &mut qs[(g * nb + b) * GROUP * qb..][..GROUP * qb];
-                for (h, piece) in q[..qb].chunks_exact(16).enumerate() {
-                    blk[(h * GROUP + r) * 16..][..16].copy_from_slice(piece);
+                let blk = &mut qs[(p * nb + b) * PANEL * qb..][..PANEL * qb];
+                for (step, piece) in q[..qb].chunks_exact(4).enumerate() {
+                    blk[(step * PANEL + r) * 4..][..4].copy_from_slice(piece);
                 }
                 for (kind, v) in sc.into_iter().take(ns).enumerate() {
-                    dm.set(g * group_scales + scale_index(ns, b, kind, r), v);
+                    dm.set(p * panel_scales + scale_index(ns, b, kind, r), v);
                 }
             }
             if (j + 1).is_multiple_of(RELEASE_ROWS) || j + 1 == n_out {
@@ -362,16 +365,16 @@ impl QMatrix {
         self.n_in / QK
     }
 
-    /// Group `g`'s quants and scales.
-    fn group(&self, g: usize) -> (&[u8], ScaleSlice<'_>) {
+    /// Panel `p`'s quants and scales.
+    fn panel(&self, p: usize) -> (&[u8], ScaleSlice<'_>) {
         let nb = self.blocks_per_row();
-        let (qg, sg) = (nb * GROUP * self.ty.quant_bytes(), nb.div_ceil(LANES) * LANES * GROUP * self.ty.scales());
-        (&self.qs[g * qg..(g + 1) * qg], self.dm.slice(g * sg..(g + 1) * sg))
+        let (qp, sp) = (nb * PANEL * self.ty.quant_bytes(), nb * PANEL * self.ty.scales());
+        (&self.qs[p * qp..(p + 1) * qp], self.dm.slice(p * sp..(p + 1) * sp))
     }
 
     fn row(&self, j: usize) -> RowRef<'_> {
-        let (qs, dm) = self.group(j / GROUP);
-        RowRef { ty: self.ty, qs, dm, r: j % GROUP }
+        let (qs, dm) = self.panel(j / PANEL);
+        RowRef { ty: self.ty, qs, dm, r: j % PANEL }
     }
 
     /// Row `j` decoded to f32 (an embedding lookup), exactly as `quant::dequantize`.
@@ -485,11 +488,18 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     }
 }
 
-/// Output rows per parallel task in prefill (a multiple of [`GROUP`]).
-const ROWS_PER_TASK: usize = 16;
-
-/// Activation rows per prefill kernel call: each decoded weight group meets this many.
+/// Activation rows per kernel call on AVX-512 VNNI: each block of weights, loaded and
+/// unpacked once, meets this many. The AVX2 kernel, with half the registers, takes
+/// [`TOKENS_AVX2`].
 const TOKENS: usize = 4;
+
+/// See [`TOKENS`].
+const TOKENS_AVX2: usize = 2;
+
+/// Products of up to this many activation rows (decode, alone or batched) run on the
+/// spinning thread team, one contiguous run of panels per thread, each panel meeting every
+/// row while it is in cache; longer ones (prefill) go to rayon, a panel per task.
+const TEAM_MAX_ROWS: usize = 32;
 
 /// `out[t][j] = Σ_k W[j][k] · x[t][k]` for `t < xq rows`, `j < n_out`: (T, n_out).
 pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32]) {
@@ -501,51 +511,43 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
     // Tasks own output columns (rows of W), so a task writes the strided columns of `out`
     // for every token through a raw pointer.
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n_groups = n_out.div_ceil(GROUP);
-    // Group g against activation rows t..t + n, written to the output.
-    let group_rows = |g: usize, t: usize, n: usize| {
-        let mut sums = [[0f32; GROUP]; TOKENS];
-        group_dot(isa, w, g, xq, t, n, &mut sums);
-        for (i, row) in sums[..n].iter().enumerate() {
-            for (r, &v) in row.iter().enumerate().take(n_out - g * GROUP) {
-                // SAFETY: (t + i, 4g + r) is inside the (t_rows, n_out) output, and group g's
-                // columns belong to the caller's part or task alone.
-                unsafe { out_ptr.write((t + i) * n_out + g * GROUP + r, v) };
-            }
-        }
-    };
-    if t_rows == 1 {
-        // Decode: contiguous runs of row groups per thread, on the spinning team. (Threads
-        // taking short runs from a shared counter balanced better but read memory slower.)
-        let threads = rayon::current_num_threads();
-        let part = |p: usize| {
-            for g in n_groups * p / threads..n_groups * (p + 1) / threads {
-                group_rows(g, 0, 1);
-            }
-        };
-        if n_groups >= threads && super::team::run(threads, &part) {
-            return;
-        }
-    }
-    let groups_per_task = ROWS_PER_TASK / GROUP;
-    let n_tasks = n_groups.div_ceil(groups_per_task);
-    let task = |task: usize| {
-        let groups = task * groups_per_task..((task + 1) * groups_per_task).min(n_groups);
+    let n_panels = n_out.div_ceil(PANEL);
+    let chunk = if isa.has_vnni() { TOKENS } else { TOKENS_AVX2 };
+    // Panel p against every activation row, `chunk` rows a call, written to the output.
+    let panel_rows = |p: usize| {
+        let cols = (n_out - p * PANEL).min(PANEL);
+        let mut sums = [[0f32; PANEL]; TOKENS];
         let mut t = 0;
         while t < t_rows {
-            let n = (t_rows - t).min(TOKENS);
-            for g in groups.clone() {
-                group_rows(g, t, n);
+            let n = (t_rows - t).min(chunk);
+            // What this call prefetches: the first of several calls on a panel, the next
+            // panel, to L2 while this one is worked from cache; otherwise (one call per
+            // panel, or the panel already in cache) the next stretch of this panel.
+            let ahead = if t == 0 && t_rows > n { Ahead::NextPanel } else { Ahead::Near };
+            panel_dot(isa, w, p, xq, t, n, ahead, &mut sums);
+            for (i, row) in sums[..n].iter().enumerate() {
+                // SAFETY: columns 16p .. 16p + cols of row t + i are inside the (t_rows,
+                // n_out) output, and panel p's columns belong to this task alone.
+                unsafe { out_ptr.write((t + i) * n_out + p * PANEL, &row[..cols]) };
             }
             t += n;
         }
     };
+    let threads = rayon::current_num_threads();
+    if t_rows <= TEAM_MAX_ROWS && threads > 1 {
+        // Decode: contiguous runs of panels per thread, on the spinning team. (Threads
+        // taking short runs from a shared counter balanced better but read memory slower.)
+        let part = |k: usize| (n_panels * k / threads..n_panels * (k + 1) / threads).for_each(panel_rows);
+        if super::team::run(threads, &part) {
+            return;
+        }
+    }
     // On one thread, a plain loop: rayon's splitting (and, from outside its pool, a
     // hand-off and wake-up per call) cost a third of a streamed decode matrix.
-    if n_tasks > 1 && (t_rows > 1 || n_out * w.n_in >= 1 << 14) && rayon::current_num_threads() > 1 {
-        (0..n_tasks).into_par_iter().for_each(task);
+    if n_panels > 1 && (t_rows > 1 || n_out * w.n_in >= 1 << 14) && threads > 1 {
+        (0..n_panels).into_par_iter().for_each(panel_rows);
     } else {
-        (0..n_tasks).for_each(task);
+        (0..n_panels).for_each(panel_rows);
     }
 }
 
@@ -557,21 +559,41 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     /// # Safety
-    /// `i` is in bounds of the output and no other thread writes it.
-    unsafe fn write(self, i: usize, v: f32) {
+    /// `i .. i + v.len()` is in bounds of the output and no other thread writes it.
+    unsafe fn write(self, i: usize, v: &[f32]) {
         // SAFETY: the caller's contract.
-        unsafe { *self.0.add(i) = v };
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.0.add(i), v.len()) };
     }
 }
 
-/// The four rows of group `g` against activation rows `t .. t + n` (1 ≤ n ≤ [`TOKENS`]):
-/// `sums[i][r]` = row `4g + r` · activation row `t + i`.
-fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, sums: &mut [[f32; GROUP]; TOKENS]) {
+/// What a kernel prefetches as it reads a panel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// The panel's own quants, `x86::PF` bytes ahead, to L1.
+    Near,
+    /// The next panel's same block (quants and scales), to L2.
+    NextPanel,
+}
+
+/// The sixteen rows of panel `p` against activation rows `t .. t + n` (1 ≤ n ≤
+/// [`TOKENS`], ≤ [`TOKENS_AVX2`] on the AVX2 kernel): `sums[i][r]` = row `16p + r` ·
+/// activation row `t + i` (rows past the matrix's end, zero padding, give zeros).
+#[allow(clippy::too_many_arguments)]
+fn panel_dot(
+    isa: Isa,
+    w: &QMatrix,
+    p: usize,
+    xq: &Q8Rows,
+    t: usize,
+    n: usize,
+    ahead: Ahead,
+    sums: &mut [[f32; PANEL]; TOKENS],
+) {
     let nb = xq.blocks_per_row;
     let n_in = nb * QK;
     assert!(nb * QK == w.n_in && (1..=TOKENS).contains(&n));
     assert!((t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()).min(xq.sum.len()));
-    let (qs, dm) = w.group(g);
+    let (qs, dm) = w.panel(p);
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         let x = xq.q[t * n_in..].as_ptr();
@@ -581,26 +603,53 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
             ScaleSlice::Half(h) => (h.as_ptr() as *const u8, true),
             ScaleSlice::Full(f) => (f.as_ptr() as *const u8, false),
         };
-        // One kernel per (type, scale width, activation rows), with VNNI where the CPU has it.
-        macro_rules! pick {
-            ($ty:literal, $h:literal, $n:literal) => {{
-                let f = if isa.has_vnni() { x86::group_dot_vnni::<$ty, $h, $n> } else { x86::group_dot::<$ty, $h, $n> };
-                f(q, sc, nb, x, d, s, sum, sums)
-            }};
+        let pf = match ahead {
+            Ahead::Near => x86::Prefetch { far: false, quants: x86::PF, scales: 0 },
+            Ahead::NextPanel => {
+                x86::Prefetch { far: true, quants: qs.len(), scales: w.dm.bytes() / w.n_out.div_ceil(PANEL) }
+            }
+        };
+        macro_rules! vnni {
+            ($ty:literal, $h:literal, $n:literal) => {
+                if pf.far {
+                    x86::panel_dot_vnni::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
+                } else {
+                    x86::panel_dot_vnni::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
+                }
+            };
         }
+        macro_rules! avx2 {
+            ($ty:literal, $h:literal, $n:literal) => {
+                if pf.far {
+                    x86::panel_dot_avx2::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
+                } else {
+                    x86::panel_dot_avx2::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
+                }
+            };
+        }
+        // One kernel per (type, scale width, activation rows): VNNI where the CPU has it,
+        // else AVX2.
         macro_rules! go {
             ($ty:literal, $h:literal) => {
-                match n {
-                    1 => pick!($ty, $h, 1),
-                    2 => pick!($ty, $h, 2),
-                    3 => pick!($ty, $h, 3),
-                    _ => pick!($ty, $h, 4),
+                if isa.has_vnni() {
+                    match n {
+                        1 => vnni!($ty, $h, 1),
+                        2 => vnni!($ty, $h, 2),
+                        3 => vnni!($ty, $h, 3),
+                        _ => vnni!($ty, $h, 4),
+                    }
+                } else {
+                    assert!(n <= TOKENS_AVX2);
+                    match n {
+                        1 => avx2!($ty, $h, 1),
+                        _ => avx2!($ty, $h, 2),
+                    }
                 }
             };
         }
         // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c, an
-        // AVX-512 VNNI one only where it also found AVX-512 F/BW/VL and VNNI; the group holds
-        // nb × 4 blocks of quants and whole quads of scales (`group` slices them), and the
+        // AVX-512 VNNI one only where it also found AVX-512 F/BW/VL and VNNI; the panel
+        // holds nb blocks of sixteen rows' quants and scales (`panel` slices them), and the
         // asserts above keep activation rows t..t+n (nb blocks each, with their scales and
         // sums) in bounds.
         unsafe {
@@ -614,7 +663,7 @@ fn group_dot(isa: Isa, w: &QMatrix, g: usize, xq: &Q8Rows, t: usize, n: usize, s
         }
         return;
     }
-    let _ = isa;
+    let _ = (isa, ahead);
     for (i, row_sums) in sums[..n].iter_mut().enumerate() {
         let tr = t + i;
         let (x, blocks) = (&xq.q[tr * n_in..(tr + 1) * n_in], tr * nb..(tr + 1) * nb);
@@ -658,78 +707,37 @@ fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32], sums: &[i32]) -> f32 
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{GROUP, LANES, QK, TOKENS};
+    use super::{LANES, PANEL, QK, TOKENS};
 
-    /// How far ahead of the current block the weight stream is prefetched (bytes).
-    const PF: usize = 1024;
+    /// How far ahead of the current step a panel's own weight stream is prefetched (bytes).
+    pub(super) const PF: usize = 1024;
 
-    /// A quad's four blocks' vectors of partial integer sums, per 128-bit lane (one row)
-    /// `[a0..a3]`, `[b0..b3]`, `[c0..c3]`, `[d0..d3]`, are transposed and added in two
-    /// steps: [`pair_add`] of blocks 0, 1 gives `[a0+a2, b0+b2, a1+a3, b1+b3]` (and of
-    /// blocks 2, 3 the same for c, d), then [`quad_add`] of the two gives per lane
-    /// `[Σa, Σb, Σc, Σd]`. Integer sums, so the order of the additions does not matter.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn pair_add(a: __m256i, b: __m256i) -> __m256i {
-        _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b))
+    /// Prefetch distances in bytes, quants and scales: `far == false` is the near
+    /// prefetch of the quants alone, to L1 (a panel streamed as it is read); `far`, both,
+    /// to L2 (the next panel, while several calls work on this one).
+    #[derive(Clone, Copy)]
+    pub(super) struct Prefetch {
+        pub(super) far: bool,
+        pub(super) quants: usize,
+        pub(super) scales: usize,
     }
 
-    /// See [`pair_add`].
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn quad_add(ab: __m256i, cd: __m256i) -> __m256i {
-        _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
-    }
-
-    /// [`pair_add`] on 512-bit registers (four rows).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn pair_add_512(a: __m512i, b: __m512i) -> __m512i {
-        _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b))
-    }
-
-    /// [`quad_add`] on 512-bit registers (four rows).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn quad_add_512(ab: __m512i, cd: __m512i) -> __m512i {
-        _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd))
-    }
-
-    /// Per 128-bit lane `[t0 t1 t2 t3]` → lane 0 holds `(t0 + t2) + (t1 + t3)`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    fn lane_total(t: __m256) -> __m256 {
-        let h = _mm256_add_ps(t, _mm256_permute_ps::<0b01_00_11_10>(t)); // [t0+t2, t1+t3, ..]
-        _mm256_add_ps(h, _mm256_permute_ps::<0b10_11_00_01>(h))
-    }
-
-    /// Four activation-block values (`f32` or `i32`) at `p`, `n` of them real (the rest
-    /// read as zeros, never touched), as a 128-bit vector.
-    ///
-    /// # Safety
-    /// `p .. p + n` is readable; AVX2 is available.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quad_ps(p: *const f32, n: usize) -> __m128 {
-        // SAFETY: the caller's contract; masked-off lanes are not accessed.
+    /// Prefetch the quants' line `pf.quants` bytes past `q` (to L2 when `FAR`, else L1) and,
+    /// when `FAR` and `scales`, the scales' line `pf.scales` past `dm`.
+    #[inline(always)]
+    fn touch<const FAR: bool>(pf: Prefetch, q: *const u8, dm: *const u8, scales: bool) {
+        // SAFETY: prefetches are hints, never dereferenced; the addresses are computed with
+        // wrapping arithmetic.
         unsafe {
-            if n == LANES {
-                _mm_loadu_ps(p)
+            if FAR {
+                _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(pf.quants) as *const i8);
+                if scales {
+                    _mm_prefetch::<_MM_HINT_T1>(dm.wrapping_add(pf.scales) as *const i8);
+                }
             } else {
-                _mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(n as i32), _mm_setr_epi32(0, 1, 2, 3)))
+                _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(pf.quants) as *const i8);
             }
         }
-    }
-
-    /// [`quad_ps`] for `i32` (the same 32-bit lanes, moved as they are).
-    ///
-    /// # Safety
-    /// As [`quad_ps`].
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quad_epi32(p: *const i32, n: usize) -> __m128i {
-        // SAFETY: as above.
-        _mm_castps_si128(unsafe { quad_ps(p as *const f32, n) })
     }
 
     /// Eight scales from `dm + i` (f16 when `H`, else f32), widened to f32.
@@ -766,215 +774,248 @@ mod x86 {
         }
     }
 
-    /// One group of four interleaved rows (quants `qs`: `nb` blocks; scales `dm`, f16 when
-    /// `H`, else f32: whole quads, `nb.div_ceil(4)` of them; laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 = Q4_0, 2 = Q4_1) against `N`
-    /// consecutive activation rows (`x`: N × nb × 32 i8; `d`, `s`, `sum`: N × nb) into
-    /// `out[..N]`, in the module doc's order. Each block's weights are decoded once for the
-    /// N rows; two rows per 256-bit register.
+    /// Runs `$lane!($b, k)` for the lanes `k` of a row's blocks, a quad at a time, with `k`
+    /// a literal (so accumulators indexed by it stay in registers): block `$b + k`.
+    macro_rules! by_quads {
+        ($nb:expr, $b:ident, $lane:ident) => {
+            let mut $b = 0;
+            while $b + LANES <= $nb {
+                $lane!($b, 0);
+                $lane!($b, 1);
+                $lane!($b, 2);
+                $lane!($b, 3);
+                $b += LANES;
+            }
+            let rest = $nb - $b;
+            if rest > 0 {
+                $lane!($b, 0);
+            }
+            if rest > 1 {
+                $lane!($b, 1);
+            }
+            if rest > 2 {
+                $lane!($b, 2);
+            }
+        };
+    }
+
+    /// One panel of sixteen interleaved rows (quants `qs`: `nb` blocks; scales `dm`, f16
+    /// when `H`, else f32; laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 =
+    /// Q4_0, 2 = Q4_1) against `N` consecutive activation rows (`x`: N × nb × 32 i8; `d`,
+    /// `s`, `sum`: N × nb) into `out[..N]`, in the module doc's order, on AVX-512 VNNI.
+    /// Each register holds four bytes of all sixteen rows; `vpdpbusd` against four
+    /// activation bytes broadcast adds their products into each row's lane, so a block's
+    /// integer sums come out one row per lane. It multiplies unsigned by signed bytes:
+    /// Q8_0 runs on weights offset by 128 (`w ^ 0x80`), its sum started at `−128 · Σx`;
+    /// Q4_0's at `−8 · Σx` (nibbles − 8); Q4_1's at 0, its offsets `m · s` summed after.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available and every pointer covers what is described above.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i, k, p index several arrays
-    pub(super) unsafe fn group_dot<const TY: u8, const H: bool, const N: usize>(
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers
+    /// what is described above.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes several arrays
+    pub(super) unsafe fn panel_dot_vnni<const TY: u8, const H: bool, const N: usize, const FAR: bool>(
         qs: *const u8,
         dm: *const u8,
         nb: usize,
+        pf: Prefetch,
         x: *const i8,
         d: *const f32,
         s: *const f32,
         sum: *const i32,
-        out: &mut [[f32; GROUP]; TOKENS],
+        out: &mut [[f32; PANEL]; TOKENS],
     ) {
-        let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
+        let steps = if TY == 0 { 8 } else { 4 };
+        let ns = if TY == 2 { 2 } else { 1 };
         let row_stride = nb * QK;
-        let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
-        let zero = _mm256_setzero_ps();
-        let (mut acc, mut off) = ([[zero; 2]; N], [[zero; 2]; N]);
-        for quad in 0..nb.div_ceil(LANES) {
-            let n = (nb - quad * LANES).min(LANES);
-            // Block k of the quad against the N activation rows: per row pair p (rows 2p,
-            // 2p+1), 4 partial sums a row; zeros past the row's end. (Blocks by constant
-            // index, never a loop over an array: the sums stay in registers.)
-            let block = |k: usize| -> [[__m256i; 2]; N] {
-                let b = quad * LANES + k;
-                if k >= n {
-                    return [[_mm256_setzero_si256(); 2]; N];
-                }
-                // SAFETY: block b of the group (4 × qb bytes) and of each activation row is in
-                // bounds (the caller's contract); the prefetch address is only a hint (never
-                // dereferenced, computed with wrapping).
-                unsafe {
-                    let qp = qs.add(b * GROUP * qb);
-                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
-                    // Per row pair p: the registers that meet values 0-15 and 16-31 of the
-                    // activation block.
-                    let w: [(__m256i, __m256i); 2] = std::array::from_fn(|p| {
-                        if TY == 0 {
-                            let lo = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
-                            (lo, _mm256_loadu_si256(qp.add(64 + 32 * p) as *const __m256i))
-                        } else {
-                            let q = _mm256_loadu_si256(qp.add(32 * p) as *const __m256i);
-                            (_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4))
-                        }
-                    });
-                    std::array::from_fn(|i| {
-                        let xp = x.add(i * row_stride + b * QK);
-                        let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp as *const __m128i));
-                        let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        std::array::from_fn(|p| {
-                            let (a, c) = w[p];
-                            if TY == 0 {
-                                // |w| · (x with w's sign): maddubs wants its first operand
-                                // unsigned; products summed in pairs stay within i16.
-                                let lo = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(xlo, a));
-                                let hi = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xhi, c));
-                                _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones))
-                            } else {
-                                // Nibble × i8 pairs stay within ±3810, two of them within i16.
-                                let p16 = _mm256_add_epi16(_mm256_maddubs_epi16(a, xlo), _mm256_maddubs_epi16(c, xhi));
-                                _mm256_madd_epi16(p16, ones)
-                            }
-                        })
-                    })
-                }
-            };
-            let (v0, v1) = (block(0), block(1));
-            let ab: [[__m256i; 2]; N] = std::array::from_fn(|i| std::array::from_fn(|p| pair_add(v0[i][p], v1[i][p])));
-            let (v2, v3) = (block(2), block(3));
-            let cd: [[__m256i; 2]; N] = std::array::from_fn(|i| std::array::from_fn(|p| pair_add(v2[i][p], v3[i][p])));
-            // SAFETY: the group's scales hold whole quads; activation scales are read for
-            // the quad's n real blocks only.
+        let (m4, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
+        let zero = _mm512_setzero_ps();
+        // Activation row i's bytes j .. j + 4 of block b, broadcast to every lane.
+        // SAFETY: block b of rows 0..N is readable (the caller's contract).
+        let x4 = |i: usize, b: usize, j: usize| unsafe {
+            _mm512_set1_epi32((x.add(i * row_stride + b * QK + j) as *const i32).read_unaligned())
+        };
+        // Block b against the N activation rows: the exact integer sums of the panel's
+        // rows, one per lane, scaled by `d_w · d_x` into the block's float lane `b % 4`.
+        // (The accumulators are indexed by a run-time lane, so they live in L1, a load and
+        // a store per block and row: in registers, with the weights and broadcast
+        // activations, they made the compiler spill worse.)
+        let mut acc = [[zero; LANES]; N];
+        for b in 0..nb {
+            // SAFETY: block b of the panel (16 × 4 × steps bytes of quants, 16 · ns scales)
+            // and of each activation row is in bounds (the caller's contract); prefetch
+            // addresses are only hints.
             unsafe {
-                let sc = quad * ns * GROUP * LANES;
-                let dw = [scales8::<H>(dm, sc), scales8::<H>(dm, sc + 8)];
-                let mw = if TY == 2 { [scales8::<H>(dm, sc + 16), scales8::<H>(dm, sc + 24)] } else { [zero; 2] };
+                let qp = qs.add(b * PANEL * 4 * steps);
+                // Two chains of sums per row (the `vpdpbusd` latency), added at the end.
+                let (mut isum, mut isum2) = ([_mm512_setzero_si512(); N], [_mm512_setzero_si512(); N]);
                 for i in 0..N {
-                    let at = i * nb + quad * LANES;
-                    let dx = _mm256_broadcast_ps(&quad_ps(d.add(at), n));
-                    let xsum8 = if TY == 1 {
-                        _mm256_slli_epi32::<3>(_mm256_broadcastsi128_si256(quad_epi32(sum.add(at), n)))
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    let sx = if TY == 2 { _mm256_broadcast_ps(&quad_ps(s.add(at), n)) } else { zero };
-                    for p in 0..2 {
-                        let mut isum = quad_add(ab[i][p], cd[i][p]);
-                        if TY == 1 {
-                            isum = _mm256_sub_epi32(isum, xsum8);
+                    let xs = *sum.add(i * nb + b);
+                    if TY == 0 {
+                        isum[i] = _mm512_set1_epi32(-(xs << 7));
+                    } else if TY == 1 {
+                        isum[i] = _mm512_set1_epi32(-(xs << 3));
+                    }
+                }
+                for st in 0..steps {
+                    touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
+                    let q = _mm512_loadu_si512(qp.add(64 * st) as *const _);
+                    if TY == 0 {
+                        let a = _mm512_xor_si512(q, flip);
+                        for i in 0..N {
+                            if st % 2 == 0 {
+                                isum[i] = _mm512_dpbusd_epi32(isum[i], a, x4(i, b, 4 * st));
+                            } else {
+                                isum2[i] = _mm512_dpbusd_epi32(isum2[i], a, x4(i, b, 4 * st));
+                            }
                         }
-                        acc[i][p] = _mm256_fmadd_ps(_mm256_mul_ps(dw[p], dx), _mm256_cvtepi32_ps(isum), acc[i][p]);
-                        if TY == 2 {
-                            off[i][p] = _mm256_fmadd_ps(mw[p], sx, off[i][p]);
+                    } else {
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                        for i in 0..N {
+                            isum[i] = _mm512_dpbusd_epi32(isum[i], lo, x4(i, b, 4 * st));
+                            isum2[i] = _mm512_dpbusd_epi32(isum2[i], hi, x4(i, b, 16 + 4 * st));
                         }
                     }
                 }
+                let dw = scales16::<H>(dm, b * ns * PANEL);
+                let k = b % LANES;
+                for i in 0..N {
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d.add(i * nb + b)));
+                    let v = _mm512_cvtepi32_ps(_mm512_add_epi32(isum[i], isum2[i]));
+                    acc[i][k] = _mm512_fmadd_ps(scale, v, acc[i][k]);
+                }
             }
         }
-        for i in 0..N {
-            for p in 0..2 {
-                let t = if TY == 2 { _mm256_add_ps(acc[i][p], off[i][p]) } else { acc[i][p] };
-                let h = lane_total(t);
-                out[i][2 * p] = _mm256_cvtss_f32(h);
-                out[i][2 * p + 1] = _mm_cvtss_f32(_mm256_extractf128_ps::<1>(h));
+        let mut off = [[zero; LANES]; N];
+        if TY == 2 {
+            // SAFETY: block b's `m` scales and each row's `s` are in bounds.
+            let m_block = |b: usize| unsafe { scales16::<H>(dm, (b * 2 + 1) * PANEL) };
+            macro_rules! off_lane {
+                ($b:ident, $k:literal) => {{
+                    let mw = m_block($b + $k);
+                    for i in 0..N {
+                        // SAFETY: as above.
+                        let sx = unsafe { *s.add(i * nb + $b + $k) };
+                        off[i][$k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), off[i][$k]);
+                    }
+                }};
             }
+            by_quads!(nb, b, off_lane);
+        }
+        for i in 0..N {
+            let t: [__m512; LANES] =
+                std::array::from_fn(|k| if TY == 2 { _mm512_add_ps(acc[i][k], off[i][k]) } else { acc[i][k] });
+            let r = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
+            // SAFETY: out[i] is 16 f32s.
+            unsafe { _mm512_storeu_ps(out[i].as_mut_ptr(), r) };
         }
     }
 
-    /// [`group_dot`] on 512-bit registers with AVX-512 VNNI: one register holds the same
-    /// 16 values of all four rows, and `vpdpbusd` replaces `maddubs` + `madd` (Q8_0 on
-    /// weights offset to unsigned, the offset taken back with the activation block's sum).
-    /// Every block's integer sums are the same exact integers, so the results are
-    /// bit-identical to [`group_dot`]'s.
+    /// [`panel_dot_vnni`] on AVX2, the panel's rows in two halves of eight (one 256-bit
+    /// lane per row): `maddubs` multiplies unsigned by signed bytes in pairs and `madd`
+    /// sums the pairs, so Q8_0 runs as `|w| · (x with w's sign)` (within i16: |x| ≤ 127),
+    /// Q4 on the nibbles as they are, a block's four steps summed in 16 bits (each step
+    /// adds four products, within ±7620, to a lane: ±30480 after four) before one `madd`. The
+    /// same exact integer sums and float order, so the results are bit-identical to
+    /// [`panel_dot_vnni`]'s and the portable path's. (With half the registers of AVX-512,
+    /// the accumulators live in L1, indexed by a run-time lane.)
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers what
-    /// [`group_dot`] describes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i and k index several arrays
-    pub(super) unsafe fn group_dot_vnni<const TY: u8, const H: bool, const N: usize>(
+    /// AVX2, FMA and F16C are available and every pointer covers what [`panel_dot_vnni`]
+    /// describes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // i indexes several arrays
+    pub(super) unsafe fn panel_dot_avx2<const TY: u8, const H: bool, const N: usize, const FAR: bool>(
         qs: *const u8,
         dm: *const u8,
         nb: usize,
+        pf: Prefetch,
         x: *const i8,
         d: *const f32,
         s: *const f32,
         sum: *const i32,
-        out: &mut [[f32; GROUP]; TOKENS],
+        out: &mut [[f32; PANEL]; TOKENS],
     ) {
-        let (qb, ns) = if TY == 0 { (32, 1) } else { (16, 1 + usize::from(TY == 2)) };
+        let steps = if TY == 0 { 8 } else { 4 };
+        let ns = if TY == 2 { 2 } else { 1 };
         let row_stride = nb * QK;
-        let (m4, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
-        let (zero, zero_i) = (_mm512_setzero_ps(), _mm512_setzero_si512());
-        let (mut acc, mut off) = ([zero; N], [zero; N]);
-        for quad in 0..nb.div_ceil(LANES) {
-            let n = (nb - quad * LANES).min(LANES);
-            // Block k of the quad against the N activation rows (as in `group_dot`).
-            let block = |k: usize| -> [__m512i; N] {
-                let b = quad * LANES + k;
-                if k >= n {
-                    return [zero_i; N];
-                }
-                // SAFETY: as in `group_dot`.
-                unsafe {
-                    let qp = qs.add(b * GROUP * qb);
-                    _mm_prefetch::<_MM_HINT_T0>(qp.wrapping_add(PF) as *const i8);
-                    // The registers that meet values 0-15 and 16-31 of the activation block.
-                    let (a, c) = if TY == 0 {
-                        // vpdpbusd multiplies unsigned by signed bytes: the weights offset by
-                        // 128 (w ^ 0x80) give Σ (w + 128)·x = Σ w·x + 128·Σx.
-                        (
-                            _mm512_xor_si512(_mm512_loadu_si512(qp as *const _), flip),
-                            _mm512_xor_si512(_mm512_loadu_si512(qp.add(64) as *const _), flip),
-                        )
-                    } else {
-                        let q = _mm512_loadu_si512(qp as *const _);
-                        (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4))
-                    };
-                    std::array::from_fn(|i| {
-                        let xp = x.add(i * row_stride + b * QK);
-                        let xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(xp as *const __m128i));
-                        let xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(xp.add(16) as *const __m128i));
-                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero_i, a, xlo), c, xhi)
-                    })
-                }
-            };
-            let (v0, v1) = (block(0), block(1));
-            let ab: [__m512i; N] = std::array::from_fn(|i| pair_add_512(v0[i], v1[i]));
-            let (v2, v3) = (block(2), block(3));
-            let cd: [__m512i; N] = std::array::from_fn(|i| pair_add_512(v2[i], v3[i]));
-            // SAFETY: as in `group_dot`; the masked loads touch the quad's n real blocks only.
+        let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
+        let (zero, zero_i) = (_mm256_setzero_ps(), _mm256_setzero_si256());
+        // SAFETY: as in `panel_dot_vnni`.
+        let x4 = |i: usize, b: usize, j: usize| unsafe {
+            _mm256_set1_epi32((x.add(i * row_stride + b * QK + j) as *const i32).read_unaligned())
+        };
+        // [row][half][lane], and Q4_1's offsets the same way.
+        let mut acc = [[[zero; LANES]; 2]; N];
+        let mut off = [[[zero; LANES]; 2]; N];
+        for b in 0..nb {
+            // SAFETY: as in `panel_dot_vnni`; each 64-byte step holds the two halves.
             unsafe {
-                let mask: __mmask8 = (1u8 << n) - 1;
-                let sc = quad * ns * GROUP * LANES;
-                let dw = scales16::<H>(dm, sc);
-                let mw = if TY == 2 { scales16::<H>(dm, sc + 16) } else { zero };
-                for i in 0..N {
-                    let at = i * nb + quad * LANES;
-                    let dx = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(mask, d.add(at)));
-                    let mut isum = quad_add_512(ab[i], cd[i]);
-                    if TY != 2 {
-                        // Q8_0: less 128·Σx (the offset); Q4_0: less 8·Σx (nibbles − 8).
-                        let xsum = _mm512_broadcast_i32x4(_mm_maskz_loadu_epi32(mask, sum.add(at)));
-                        let shifted = if TY == 0 { _mm512_slli_epi32::<7>(xsum) } else { _mm512_slli_epi32::<3>(xsum) };
-                        isum = _mm512_sub_epi32(isum, shifted);
+                let qp = qs.add(b * PANEL * 4 * steps);
+                let mut isum = [[zero_i; 2]; N];
+                for st in 0..steps {
+                    touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
+                    for h in 0..2 {
+                        let q = _mm256_loadu_si256(qp.add(64 * st + 32 * h) as *const __m256i);
+                        if TY == 0 {
+                            let a = _mm256_sign_epi8(q, q);
+                            for i in 0..N {
+                                let p16 = _mm256_maddubs_epi16(a, _mm256_sign_epi8(x4(i, b, 4 * st), q));
+                                isum[i][h] = _mm256_add_epi32(isum[i][h], _mm256_madd_epi16(p16, ones));
+                            }
+                        } else {
+                            let lo = _mm256_and_si256(q, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                            for i in 0..N {
+                                let pair = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(lo, x4(i, b, 4 * st)),
+                                    _mm256_maddubs_epi16(hi, x4(i, b, 16 + 4 * st)),
+                                );
+                                // 16-bit partial sums, widened after the last step.
+                                isum[i][h] = _mm256_add_epi16(isum[i][h], pair);
+                            }
+                        }
                     }
-                    acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[i]);
+                }
+                let k = b % LANES;
+                for h in 0..2 {
+                    let dw = scales8::<H>(dm, b * ns * PANEL + 8 * h);
+                    for i in 0..N {
+                        let isum = if TY == 0 {
+                            isum[i][h]
+                        } else {
+                            let wide = _mm256_madd_epi16(isum[i][h], ones);
+                            if TY == 1 {
+                                _mm256_sub_epi32(wide, _mm256_set1_epi32(*sum.add(i * nb + b) << 3))
+                            } else {
+                                wide
+                            }
+                        };
+                        let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(i * nb + b)));
+                        acc[i][h][k] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[i][h][k]);
+                    }
                     if TY == 2 {
-                        let sx = _mm512_broadcast_f32x4(_mm_maskz_loadu_ps(mask, s.add(at)));
-                        off[i] = _mm512_fmadd_ps(mw, sx, off[i]);
+                        let mw = scales8::<H>(dm, (b * 2 + 1) * PANEL + 8 * h);
+                        for i in 0..N {
+                            off[i][h][k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*s.add(i * nb + b)), off[i][h][k]);
+                        }
                     }
                 }
             }
         }
-        let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
         for i in 0..N {
-            let t = if TY == 2 { _mm512_add_ps(acc[i], off[i]) } else { acc[i] };
-            let h = _mm512_add_ps(t, _mm512_permute_ps::<0b01_00_11_10>(t));
-            let h = _mm512_add_ps(h, _mm512_permute_ps::<0b10_11_00_01>(h));
-            let rows = _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, h));
-            // SAFETY: out[i] is 4 f32s.
-            unsafe { _mm_storeu_ps(out[i].as_mut_ptr(), rows) };
+            for h in 0..2 {
+                let t: [__m256; LANES] =
+                    std::array::from_fn(
+                        |k| {
+                            if TY == 2 { _mm256_add_ps(acc[i][h][k], off[i][h][k]) } else { acc[i][h][k] }
+                        },
+                    );
+                let r = _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
+                // SAFETY: out[i] is 16 f32s; lanes 8h .. 8h + 8.
+                unsafe { _mm256_storeu_ps(out[i].as_mut_ptr().add(8 * h), r) };
+            }
         }
     }
 }
