@@ -609,21 +609,13 @@ fn panel_dot(
                 x86::Prefetch { far: true, quants: qs.len(), scales: w.dm.bytes() / w.n_out.div_ceil(PANEL) }
             }
         };
-        macro_rules! vnni {
-            ($ty:literal, $h:literal, $n:literal) => {
+        // Kernel `$k` for (type, scale width, activation rows), with the prefetch kind.
+        macro_rules! call {
+            ($k:ident, $ty:literal, $h:literal, $n:literal) => {
                 if pf.far {
-                    x86::panel_dot_vnni::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
+                    x86::$k::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
                 } else {
-                    x86::panel_dot_vnni::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
-                }
-            };
-        }
-        macro_rules! avx2 {
-            ($ty:literal, $h:literal, $n:literal) => {
-                if pf.far {
-                    x86::panel_dot_avx2::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
-                } else {
-                    x86::panel_dot_avx2::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
+                    x86::$k::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
                 }
             };
         }
@@ -633,16 +625,16 @@ fn panel_dot(
             ($ty:literal, $h:literal) => {
                 if isa.has_vnni() {
                     match n {
-                        1 => vnni!($ty, $h, 1),
-                        2 => vnni!($ty, $h, 2),
-                        3 => vnni!($ty, $h, 3),
-                        _ => vnni!($ty, $h, 4),
+                        1 => call!(panel_dot_vnni, $ty, $h, 1),
+                        2 => call!(panel_dot_vnni, $ty, $h, 2),
+                        3 => call!(panel_dot_vnni, $ty, $h, 3),
+                        _ => call!(panel_dot_vnni, $ty, $h, 4),
                     }
                 } else {
                     assert!(n <= TOKENS_AVX2);
                     match n {
-                        1 => avx2!($ty, $h, 1),
-                        _ => avx2!($ty, $h, 2),
+                        1 => call!(panel_dot_avx2, $ty, $h, 1),
+                        _ => call!(panel_dot_avx2, $ty, $h, 2),
                     }
                 }
             };
