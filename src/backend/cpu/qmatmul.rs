@@ -434,15 +434,52 @@ pub struct Q8Rows {
     pub q: Vec<i8>,
 }
 
-/// `roundf(v) as i32` (ties away from zero) without a libm call: truncate, then step by one
-/// where the remainder reaches a half (exact for |v| < 2²³; beyond, v is an integer).
+/// `(roundf(v) as i32).clamp(-127, 127)` (ties away from zero; NaN gives 0) without a libm
+/// call, in operations that vectorize: clamp first (the same result: ±127 rounds to
+/// itself, and anything past it clamps there either way), truncate, then step by one where
+/// the remainder reaches a half (`v − trunc(v)` is exact).
 #[inline(always)]
-fn round_half_away(v: f32) -> i32 {
-    let t = v as i32;
-    let frac = v - t as f32;
-    // Saturating: an infinite or huge v (a block whose scale underflows) gives i32::MAX/MIN,
-    // as `roundf(v) as i32` does.
-    t.saturating_add(i32::from(frac >= 0.5)).saturating_sub(i32::from(frac <= -0.5))
+fn round_half_away_clamped(v: f32) -> i8 {
+    let c = if v.is_nan() { 0.0 } else { v.clamp(-127.0, 127.0) };
+    let t = c.trunc();
+    let frac = c - t;
+    let r = t + if frac >= 0.5 {
+        1.0
+    } else if frac <= -0.5 {
+        -1.0
+    } else {
+        0.0
+    };
+    // SAFETY: r is an integer within ±127 (c is finite and within ±127, so is its rounding).
+    unsafe { r.to_int_unchecked::<i32>() as i8 }
+}
+
+/// One block of 32 activations quantized into `qb`: `(d, s, Σq)` as [`Q8Rows`] keeps them.
+#[inline(always)]
+fn quantize_block(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
+    // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
+    // too and the engine's non-finite check sees it (f32::max would skip a NaN). Two
+    // branch-free folds, which the compiler vectorizes.
+    let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let finite = xb.iter().fold(true, |f, v| f & v.is_finite());
+    let amax = if finite { amax } else { f32::NAN };
+    let dv = amax / 127.0;
+    let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        *q = round_half_away_clamped(v * id);
+        sum += *q as i32;
+    }
+    (f16::from_f32(dv).to_f32(), f16::from_f32(dv * sum as f32).to_f32(), sum)
+}
+
+/// [`quantize_block`], the same source compiled for AVX-512, where the compiler vectorizes
+/// it sixteen wide (the baseline build has 128-bit SSE only). The same bits: the compiler
+/// keeps IEEE semantics (no contraction, Rust's saturating casts) whatever the ISA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
+    quantize_block(xb, qb)
 }
 
 /// Quantize `rows` rows of `n` values (`n` a multiple of 32).
@@ -454,23 +491,21 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     out.sum.resize(rows * nb, 0);
     out.q.resize(rows * n, 0);
     type Block<'a> = ((&'a [f32], &'a mut [i8]), ((&'a mut f32, &'a mut f32), &'a mut i32));
+    #[cfg(target_arch = "x86_64")]
+    let wide = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
     let one = |((xb, qb), ((d, s), total)): Block| {
-        // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
-        // too and the engine's non-finite check sees it (f32::max would skip a NaN). Two
-        // branch-free folds, which the compiler vectorizes.
-        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let finite = xb.iter().fold(true, |f, v| f & v.is_finite());
-        let amax = if finite { amax } else { f32::NAN };
-        let dv = amax / 127.0;
-        let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in qb.iter_mut().zip(xb) {
-            *q = round_half_away(v * id).clamp(-127, 127) as i8;
-            sum += *q as i32;
-        }
-        *d = f16::from_f32(dv).to_f32();
-        *s = f16::from_f32(dv * sum as f32).to_f32();
-        *total = sum;
+        // Chunks of exactly QK (`chunks_exact`).
+        let (xb, qb): (&[f32; QK], &mut [i8; QK]) = (xb.try_into().unwrap(), qb.try_into().unwrap());
+        #[cfg(target_arch = "x86_64")]
+        let (dv, sv, sum) = if wide {
+            // SAFETY: the CPU has AVX-512 F and BW (detected above).
+            unsafe { quantize_block_avx512(xb, qb) }
+        } else {
+            quantize_block(xb, qb)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (dv, sv, sum) = quantize_block(xb, qb);
+        (*d, *s, *total) = (dv, sv, sum);
     };
     let items = x[..rows * n]
         .chunks_exact(QK)
@@ -1014,7 +1049,7 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
-    use super::round_half_away;
+    use super::round_half_away_clamped;
 
     /// A block so small that 1/d overflows quantizes to zeros (no overflow, no panic).
     #[test]
@@ -1025,20 +1060,31 @@ mod tests {
         assert_eq!((q8.d[0], q8.s[0]), (0.0, 0.0));
     }
 
-    /// Equal to `roundf` on ties, their neighbours and a sweep of the activation range.
+    /// Equal to `roundf` (then clamped to ±127) on ties, their neighbours, a sweep of the
+    /// activation range and the extremes (NaN gives 0, infinities ±127).
     #[test]
-    fn round_half_away_is_roundf() {
+    fn round_half_away_clamped_is_roundf_clamped() {
         let mut vs = vec![0.5f32, -0.5, 1.5, -1.5, 2.5, 126.5, -126.5, 127.0, -127.0, 0.0, -0.0, 1e-30];
         for k in -130..=130 {
             let t = k as f32 + 0.5;
             vs.extend([t, f32::from_bits(t.to_bits() + 1), f32::from_bits(t.to_bits() - 1)]);
         }
         vs.extend((0..100_000).map(|i| (i as f32 * 0.002_531) - 127.0));
+        let extremes = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3e9, -3e9, f32::MAX, f32::MIN, 8388609.0];
+        vs.extend(extremes);
+        vs.extend([
+            127.49999,
+            127.5,
+            -127.5,
+            128.0,
+            -128.0,
+            126.99999,
+            -126.99999,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+        ]);
         for v in vs {
-            assert_eq!(round_half_away(v), v.round() as i32, "{v}");
-        }
-        for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 3e9, -3e9, f32::MAX, f32::MIN, 8388609.0] {
-            assert_eq!(round_half_away(v), v.round() as i32, "{v}");
+            assert_eq!(round_half_away_clamped(v), (v.round() as i32).clamp(-127, 127) as i8, "{v}");
         }
     }
 }
