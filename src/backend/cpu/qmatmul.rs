@@ -801,31 +801,6 @@ mod x86 {
         }
     }
 
-    /// Runs `$lane!($b, k)` for the lanes `k` of a row's blocks, a quad at a time, with `k`
-    /// a literal (so accumulators indexed by it stay in registers): block `$b + k`.
-    macro_rules! by_quads {
-        ($nb:expr, $b:ident, $lane:ident) => {
-            let mut $b = 0;
-            while $b + LANES <= $nb {
-                $lane!($b, 0);
-                $lane!($b, 1);
-                $lane!($b, 2);
-                $lane!($b, 3);
-                $b += LANES;
-            }
-            let rest = $nb - $b;
-            if rest > 0 {
-                $lane!($b, 0);
-            }
-            if rest > 1 {
-                $lane!($b, 1);
-            }
-            if rest > 2 {
-                $lane!($b, 2);
-            }
-        };
-    }
-
     /// One panel of sixteen interleaved rows (quants `qs`: `nb` blocks; scales `dm`, f16
     /// when `H`, else f32; laid out as [`super::QMatrix`] says; type `TY`: 0 = Q8_0, 1 =
     /// Q4_0, 2 = Q4_1) against `N` consecutive activation rows (`x`: N × nb × 32 i8; `d`,
@@ -914,21 +889,18 @@ mod x86 {
                 }
             }
         }
+        // Q4_1's offsets `m_w · s_x`, in their own lanes (in L1 as the accumulators).
         let mut off = [[zero; LANES]; N];
         if TY == 2 {
-            // SAFETY: block b's `m` scales and each row's `s` are in bounds.
-            let m_block = |b: usize| unsafe { scales16::<H>(dm, (b * 2 + 1) * PANEL) };
-            macro_rules! off_lane {
-                ($b:ident, $k:literal) => {{
-                    let mw = m_block($b + $k);
+            for b in 0..nb {
+                // SAFETY: block b's `m` scales and each row's `s` are in bounds.
+                unsafe {
+                    let mw = scales16::<H>(dm, (b * 2 + 1) * PANEL);
                     for i in 0..N {
-                        // SAFETY: as above.
-                        let sx = unsafe { *s.add(i * nb + $b + $k) };
-                        off[i][$k] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), off[i][$k]);
+                        off[i][b % LANES] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*s.add(i * nb + b)), off[i][b % LANES]);
                     }
-                }};
+                }
             }
-            by_quads!(nb, b, off_lane);
         }
         for i in 0..N {
             let t: [__m512; LANES] =
