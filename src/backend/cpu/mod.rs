@@ -99,13 +99,21 @@ impl CpuBackend {
         &self.opts
     }
 
+    /// A zeroed `(rows, cols)` activation.
     fn take(&self, rows: usize, cols: usize) -> CpuAct {
-        CpuAct { rows, cols, buf: self.pool.take(rows * cols, &self.pool) }
+        CpuAct { rows, cols, buf: self.pool.take(rows * cols, true, &self.pool) }
+    }
+
+    /// A `(rows, cols)` activation for a caller that writes every element: it may hold a
+    /// recycled buffer's old values (zeroing them cost ~2% of a prefill).
+    fn take_to_overwrite(&self, rows: usize, cols: usize) -> CpuAct {
+        CpuAct { rows, cols, buf: self.pool.take(rows * cols, false, &self.pool) }
     }
 
     /// `x @ W (+ bias)`, GELU'd if asked: dense or quantized weights.
     fn linear_impl(&self, x: &CpuAct, w: &CpuMatrix, bias: Option<&Vec<f32>>, gelu: bool) -> CpuAct {
-        let mut out = self.take(x.rows, w.n_out());
+        // Both products write every output.
+        let mut out = self.take_to_overwrite(x.rows, w.n_out());
         match w {
             CpuMatrix::Dense(w) => {
                 let epi = Epilogue { bias: bias.map(|b| b.as_slice()), gelu };
@@ -146,7 +154,9 @@ struct BufferPool {
 const POOL_MAX_BUFFERS: usize = 64;
 
 impl BufferPool {
-    fn take(&self, n: usize, me: &Arc<BufferPool>) -> PooledBuf {
+    /// A buffer of `n` values: zeros if `zeroed`, else whatever a recycled buffer held
+    /// (values some earlier activation wrote: initialised, merely stale).
+    fn take(&self, n: usize, zeroed: bool, me: &Arc<BufferPool>) -> PooledBuf {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         // Smallest free buffer that is large enough.
         let best = free
@@ -160,7 +170,10 @@ impl BufferPool {
             None => Vec::with_capacity(n),
         };
         drop(free);
-        data.clear();
+        if zeroed {
+            data.clear();
+        }
+        data.truncate(n);
         data.resize(n, 0.0);
         PooledBuf { data, pool: me.clone() }
     }
@@ -297,8 +310,14 @@ fn attention_head_blocked(
     for r in seq.rows.clone() {
         q.extend(qkv[r * stride + h * hd..r * stride + (h + 1) * hd].iter().map(|v| v * spec.scale));
     }
-    let k_t =
-        PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, kvh, j) + d));
+    // This head's cached rows 0..keys are contiguous (see `kv_index`).
+    let span = kv_index(capacity, hd, kvh, 0)..kv_index(capacity, hd, kvh, keys);
+    let k_t = match k_store {
+        KvStore::F32(k) => PackedMatrix::pack_f32_rows(hd, keys, &k[span.clone()], true),
+        KvStore::F16(_) => {
+            PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, kvh, j) + d))
+        }
+    };
     let mut scores = vec![0.0f32; t * keys];
     let none = Epilogue { bias: None, gelu: false };
     matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
@@ -307,7 +326,12 @@ fn attention_head_blocked(
         simd::softmax(isa, &mut row[..visible]);
         row[visible..].fill(0.0);
     }
-    let v = PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, kvh, j) + d));
+    let v = match v_store {
+        KvStore::F32(v) => PackedMatrix::pack_f32_rows(keys, hd, &v[span], false),
+        KvStore::F16(_) => {
+            PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, kvh, j) + d))
+        }
+    };
     let mut out = vec![0.0f32; t * hd];
     matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start: seq.start_pos }, &mut out);
     out
@@ -494,7 +518,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, m: &HostMatrix) -> CpuAct {
-        let mut a = self.take(m.rows, m.cols);
+        let mut a = self.take_to_overwrite(m.rows, m.cols);
         a.copy_from_slice(&m.data);
         a
     }
@@ -512,7 +536,7 @@ impl Backend for CpuBackend {
     }
 
     fn layer_norm(&self, x: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
-        let mut out = self.take(x.rows, x.cols);
+        let mut out = self.take_to_overwrite(x.rows, x.cols);
         map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
     }
@@ -538,19 +562,19 @@ impl Backend for CpuBackend {
     }
 
     fn add_layer_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
-        let mut out = self.take(x.rows, x.cols);
+        let mut out = self.take_to_overwrite(x.rows, x.cols);
         add_map_rows(x, y, &mut out, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
     }
 
     fn rms_norm(&self, x: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
-        let mut out = self.take(x.rows, x.cols);
+        let mut out = self.take_to_overwrite(x.rows, x.cols);
         map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
     }
 
     fn add_rms_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
-        let mut out = self.take(x.rows, x.cols);
+        let mut out = self.take_to_overwrite(x.rows, x.cols);
         add_map_rows(x, y, &mut out, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
     }
@@ -578,7 +602,7 @@ impl Backend for CpuBackend {
         let (n_head, n_rows) = (spec.n_head, qkv.rows);
         // 0. RoPE on a copy of the queries and keys, at each row's position.
         let rotated = spec.rope.map(|rope| {
-            let mut r = self.take(qkv.rows, qkv.cols);
+            let mut r = self.take_to_overwrite(qkv.rows, qkv.cols);
             r.copy_from_slice(qkv);
             for seq in seqs {
                 for (i, row) in seq.rows.clone().enumerate() {
@@ -693,7 +717,7 @@ impl Backend for CpuBackend {
     }
 
     fn select_rows(&self, x: &CpuAct, rows: &[usize]) -> CpuAct {
-        let mut out = self.take(rows.len(), x.cols);
+        let mut out = self.take_to_overwrite(rows.len(), x.cols);
         for (dst, &r) in out.chunks_mut(x.cols).zip(rows) {
             dst.copy_from_slice(&x[r * x.cols..(r + 1) * x.cols]);
         }

@@ -187,6 +187,12 @@ pub fn gelu_scalar(x: f32) -> f32 {
 /// In-place GELU over a slice.
 pub fn gelu(isa: Isa, v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if isa.is_avx512() {
+        // SAFETY: an AVX-512 `Isa` exists only where detection found avx512f/bw/vl and
+        // avx2+fma+f16c.
+        return unsafe { x86::gelu_avx512(v) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         // SAFETY: an AVX2 `Isa` exists only where detection found avx2+fma+f16c.
         return unsafe { x86::gelu(v) };
@@ -459,6 +465,74 @@ pub(crate) mod x86 {
         }
     }
 
+    /// [`exp256`] on 16 lanes: the same operations in the same order, so equal bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn exp512(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_set1_ps(88.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.398_199_9e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let r2 = _mm512_mul_ps(r, r);
+        p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+        _mm512_mul_ps(p, _mm512_castsi512_ps(e))
+    }
+
+    /// [`gelu256`] on 16 lanes: the same operations in the same order, so equal bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn gelu512(x: __m512) -> __m512 {
+        let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+        let u = _mm512_mul_ps(_mm512_set1_ps(SQRT_2_OVER_PI), _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x3, x));
+        let u = _mm512_min_ps(_mm512_max_ps(u, _mm512_set1_ps(-TANH_CLAMP)), _mm512_set1_ps(TANH_CLAMP));
+        let e = exp512(_mm512_add_ps(u, u));
+        let one = _mm512_set1_ps(1.0);
+        let tanh = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)));
+        _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5), x), _mm512_add_ps(one, tanh))
+    }
+
+    /// [`gelu`] 16 lanes at a time (the tail as `gelu` does it): equal bits.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) fn gelu_avx512(v: &mut [f32]) {
+        let mut chunks = v.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: c has exactly 16 elements.
+            unsafe { _mm512_storeu_ps(c.as_mut_ptr(), gelu512(_mm512_loadu_ps(c.as_ptr()))) };
+        }
+        gelu(chunks.into_remainder());
+    }
+
+    /// A GEMM tile row's epilogue in one register: `dst[0..16] = gelu?(acc + bias?)`,
+    /// each lane as [`gelu`] and a scalar add compute it.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2 and FMA are available; `dst` is valid for 16 writes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn bias_gelu_store16(acc: &[f32; 16], bias: Option<&[f32; 16]>, gelu: bool, dst: *mut f32) {
+        // SAFETY: `acc` and `bias` hold 16 values each; `dst` takes 16 (the caller's promise).
+        unsafe {
+            let mut v = _mm512_loadu_ps(acc.as_ptr());
+            if let Some(b) = bias {
+                v = _mm512_add_ps(v, _mm512_loadu_ps(b.as_ptr()));
+            }
+            if gelu {
+                v = gelu512(v);
+            }
+            _mm512_storeu_ps(dst, v)
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn gelu(v: &mut [f32]) {
         let mut chunks = v.chunks_exact_mut(8);
@@ -692,6 +766,46 @@ mod tests {
         softmax(Isa::PORTABLE, &mut w);
         for (a, b) in v.iter().zip(&w) {
             assert!((a - b).abs() <= 1e-6 * b.max(1e-30) + 1e-37, "{a} vs {b}");
+        }
+    }
+
+    /// The AVX-512 GELU (16 lanes, and the fused GEMM epilogue) gives the AVX2 one's bits,
+    /// tails, huge magnitudes, infinities and NaN included; both stay near the scalar one.
+    #[test]
+    fn avx512_gelu_equals_avx2_bit_for_bit() {
+        let (Some(avx512), Some(avx2)) = (avx512_or_skip(), avx2_or_skip()) else { return };
+        let mut xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.0173).collect();
+        xs.extend([1e3, -1e3, 3e38, -3e38, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -5.5]);
+        for len in [xs.len(), 16, 17, 31, 5] {
+            let (mut a, mut b) = (xs[..len].to_vec(), xs[..len].to_vec());
+            gelu(avx512, &mut a);
+            gelu(avx2, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "gelu, {len} values");
+            for (x, g) in xs.iter().zip(&a).filter(|(x, _)| x.abs() < 1e4) {
+                let want = crate::backend::reference::gelu_tanh(*x);
+                assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}): {g} vs {want}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        for chunk in xs.chunks_exact(16).step_by(37) {
+            let acc: [f32; 16] = chunk.try_into().unwrap();
+            let bias: [f32; 16] = std::array::from_fn(|i| i as f32 * 0.37 - 3.0);
+            for (with_bias, with_gelu) in [(false, false), (true, false), (false, true), (true, true)] {
+                let mut got = [f32::NAN; 16];
+                // SAFETY: AVX-512 was detected above; `got` holds 16 values.
+                unsafe {
+                    x86::bias_gelu_store16(&acc, with_bias.then_some(&bias), with_gelu, got.as_mut_ptr());
+                }
+                let mut want = acc;
+                if with_bias {
+                    want.iter_mut().zip(&bias).for_each(|(v, b)| *v += b);
+                }
+                if with_gelu {
+                    gelu(avx2, &mut want);
+                }
+                assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "epilogue bias {with_bias} gelu {with_gelu}");
+            }
         }
     }
 
