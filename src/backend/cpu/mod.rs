@@ -135,8 +135,7 @@ impl CpuBackend {
                     }
                 }
                 if gelu {
-                    let isa = self.opts.isa;
-                    out.par_chunks_mut(4096).for_each(|c| simd::gelu(isa, c));
+                    gelu_rows(self.opts.isa, &mut out);
                 }
             }
         }
@@ -272,9 +271,10 @@ impl TaskOut {
     }
 }
 
-/// Below this many (query value × key) products, decode attention runs on the spinning
-/// team (or one thread) rather than rayon.
-const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
+/// Below this many (query value × key) products, or for a decode step's few rows
+/// ([`team::SPLIT_MAX_ROWS`]), decode attention runs on the spinning team (or one thread)
+/// rather than rayon.
+const PARALLEL_ATTENTION_WORK: usize = 1 << 24;
 
 /// Sequences with at least this many new rows use matmul-shaped attention.
 const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;
@@ -344,10 +344,26 @@ fn map_rows(x: &[f32], x_cols: usize, out: &mut [f32], out_cols: usize, f: impl 
     if x_cols == 0 || out_cols == 0 {
         return;
     }
-    if x.len() > x_cols {
+    let rows = x.len() / x_cols;
+    if rows > 1 && rows <= team::SPLIT_MAX_ROWS {
+        team::split_mut(out, out_cols, &|first, o| {
+            for (i, or) in o.chunks_mut(out_cols).enumerate() {
+                f(&x[(first + i) * x_cols..(first + i + 1) * x_cols], or);
+            }
+        });
+    } else if rows > 1 {
         x.par_chunks(x_cols).zip(out.par_chunks_mut(out_cols)).for_each(|(xr, or)| f(xr, or));
     } else {
         x.chunks(x_cols).zip(out.chunks_mut(out_cols)).for_each(|(xr, or)| f(xr, or));
+    }
+}
+
+/// GELU in place over an activation: a decode step's few rows on the team, more with rayon.
+fn gelu_rows(isa: Isa, x: &mut CpuAct) {
+    if x.rows <= team::SPLIT_MAX_ROWS {
+        team::split_mut(x, 4096, &|_, c| simd::gelu(isa, c));
+    } else {
+        x.par_chunks_mut(4096).for_each(|c| simd::gelu(isa, c));
     }
 }
 
@@ -365,7 +381,13 @@ fn add_map_rows(x: &mut CpuAct, y: &CpuAct, out: &mut [f32], f: impl Fn(&[f32], 
         }
         f(xr, or);
     };
-    if x.rows > 1 {
+    if x.rows > 1 && x.rows <= team::SPLIT_MAX_ROWS {
+        team::split2_mut(&mut x[..], cols, out, cols, &|first, xs, os| {
+            for (i, (xr, or)) in xs.chunks_mut(cols).zip(os.chunks_mut(cols)).enumerate() {
+                one(((xr, &y[(first + i) * cols..(first + i + 1) * cols]), or));
+            }
+        });
+    } else if x.rows > 1 {
         x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
     } else {
         x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
@@ -550,8 +572,7 @@ impl Backend for CpuBackend {
     }
 
     fn gelu(&self, x: &mut CpuAct) {
-        let isa = self.opts.isa;
-        x.par_chunks_mut(4096).for_each(|c| simd::gelu(isa, c));
+        gelu_rows(self.opts.isa, x);
     }
 
     fn add(&self, x: &mut CpuAct, y: &CpuAct) {
@@ -694,7 +715,7 @@ impl Backend for CpuBackend {
         // scores to compute are many.
         let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
         let (n_tasks, threads) = (out.len() / hd.max(1), rayon::current_num_threads());
-        if work >= PARALLEL_ATTENTION_WORK {
+        if work >= PARALLEL_ATTENTION_WORK && n_rows > team::SPLIT_MAX_ROWS {
             out.par_chunks_mut(hd).enumerate().for_each(one);
         } else {
             // Below that, the spinning team (a hand-off of ~1 µs) when it is free, tasks

@@ -511,7 +511,21 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
         .chunks_exact(QK)
         .zip(out.q.chunks_exact_mut(QK))
         .zip(out.d.iter_mut().zip(out.s.iter_mut()).zip(out.sum.iter_mut()));
-    if rows > 4 {
+    if rows > 1 && rows <= super::team::SPLIT_MAX_ROWS {
+        // A decode step's rows on the team (a rayon region's wake-up costs more): each run
+        // of rows quantizes into `q` and a scratch of (d, s, Σq), copied out after.
+        let mut meta = vec![(0f32, 0f32, 0i32); rows * nb];
+        super::team::split2_mut(&mut out.q[..rows * n], n, &mut meta, nb, &|first, q, m| {
+            let xs = &x[first * n..first * n + q.len()];
+            let blocks = xs.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
+            for ((xb, qb), (d, s, total)) in blocks.zip(m.iter_mut()) {
+                one(((xb, qb), ((d, s), total)));
+            }
+        });
+        for (i, (dv, sv, sum)) in meta.into_iter().enumerate() {
+            (out.d[i], out.s[i], out.sum[i]) = (dv, sv, sum);
+        }
+    } else if rows > 4 {
         x[..rows * n]
             .par_chunks_exact(QK)
             .zip(out.q.par_chunks_exact_mut(QK))

@@ -201,6 +201,74 @@ pub fn run(n_parts: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     true
 }
 
+/// Row-wise work of up to this many rows (a decode step, alone or batched) runs on the
+/// team through [`split_mut`] and [`split2_mut`]: a rayon region would cost a worker's
+/// wake-up, more than the work, and leave the team's helper yielding beside it.
+pub const SPLIT_MAX_ROWS: usize = 32;
+
+/// A raw pointer handed to the parts of a job (see [`split2_mut`]).
+struct PartPtr<T>(*mut T);
+impl<T> Clone for PartPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for PartPtr<T> {}
+// SAFETY: each part dereferences a disjoint range only (see `split2_mut`), and `T: Send`.
+unsafe impl<T: Send> Send for PartPtr<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for PartPtr<T> {}
+impl<T> PartPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// What [`split2_mut`] runs on each part: `(first piece, part of a, part of b)`.
+pub type PairParts<'a, A, B> = dyn Fn(usize, &mut [A], &mut [B]) + Sync + 'a;
+
+/// [`split2_mut`] over one slice: `f(first, part)` on contiguous runs of whole
+/// `chunk`-sized pieces of `data`, one run per thread.
+pub fn split_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    split2_mut(data, chunk, &mut [] as &mut [u8], 0, &|first, a, _| f(first, a));
+}
+
+/// `f(first, a_part, b_part)` over `a` and `b` cut into pieces of `a_chunk` and `b_chunk`
+/// elements (the same number of pieces; a last piece may be short), one contiguous run of
+/// pieces per thread of the current rayon pool: run `p` holds pieces `first = n·p/threads`
+/// up to `n·(p+1)/threads`. On the team, else rayon over the same runs (one thread: one
+/// call). `b_chunk` 0 means no `b` (empty parts).
+pub fn split2_mut<A: Send, B: Send>(a: &mut [A], a_chunk: usize, b: &mut [B], b_chunk: usize, f: &PairParts<'_, A, B>) {
+    let n = a.len().div_ceil(a_chunk.max(1));
+    assert!(b_chunk == 0 || b.len().div_ceil(b_chunk) == n, "split2_mut: piece counts differ");
+    let threads = rayon::current_num_threads().min(n);
+    if threads < 2 {
+        return f(0, a, if b_chunk == 0 { &mut [] } else { b });
+    }
+    let (a_len, b_len) = (a.len(), if b_chunk == 0 { 0 } else { b.len() });
+    let (pa, pb) = (PartPtr(a.as_mut_ptr()), PartPtr(b.as_mut_ptr()));
+    let part = |p: usize| {
+        let (first, end) = (n * p / threads, n * (p + 1) / threads);
+        let range = |chunk: usize, len: usize| (first * chunk).min(len)..(end * chunk).min(len);
+        let (ra, rb) = (range(a_chunk, a_len), range(b_chunk, b_len));
+        // SAFETY: run p's ranges lie inside `a` and `b` (clamped to their lengths) and are
+        // disjoint from every other run's (the runs partition 0..n); `a` and `b` stay
+        // mutably borrowed until every part has returned (`run` and rayon wait).
+        let (sa, sb) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.get().add(ra.start), ra.len()),
+                std::slice::from_raw_parts_mut(pb.get().add(rb.start), rb.len()),
+            )
+        };
+        f(first, sa, sb);
+    };
+    if threads != rayon::current_num_threads() || !run(threads, &part) {
+        use rayon::prelude::*;
+        (0..threads).into_par_iter().for_each(part);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +295,28 @@ mod tests {
         }
         while !run(n, &count) {}
         assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 2));
+    }
+
+    /// Every piece is visited exactly once, with the right index, whatever the sizes (a
+    /// short last piece, fewer pieces than threads, none).
+    #[test]
+    fn split_covers_every_piece_once() {
+        for (len, chunk) in [(0, 4), (1, 4), (7, 3), (64, 16), (100, 7), (33 * 5, 5)] {
+            let mut a: Vec<usize> = vec![usize::MAX; len];
+            let mut b: Vec<usize> = vec![usize::MAX; len.div_ceil(chunk) * 2];
+            split2_mut(&mut a, chunk, &mut b, 2, &|first, pa, pb| {
+                for (i, v) in pa.iter_mut().enumerate() {
+                    *v = first * chunk + i;
+                }
+                for (i, v) in pb.iter_mut().enumerate() {
+                    *v = first * 2 + i;
+                }
+            });
+            assert!(a.iter().enumerate().all(|(i, &v)| v == i), "{len}/{chunk}: {a:?}");
+            assert!(b.iter().enumerate().all(|(i, &v)| v == i), "{len}/{chunk}: {b:?}");
+            let mut c = vec![0u8; len];
+            split_mut(&mut c, chunk, &|_, p| p.iter_mut().for_each(|v| *v += 1));
+            assert!(c.iter().all(|&v| v == 1));
+        }
     }
 }
