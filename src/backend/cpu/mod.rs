@@ -233,21 +233,9 @@ impl KvCache for CpuKvCache {
 
 thread_local! {
     /// Per-thread scratch of the per-row attention path: the scores of one (row, head)
-    /// and one f16 cache row converted to f32. Borrowed only around plain kernel calls
+    /// (the kernels read f16 rows directly). Borrowed only around plain kernel calls
     /// (no rayon join inside, so no other task can run on this thread meanwhile).
-    static ATTENTION_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// `len` cached values from `start`, as f32 (converted into `tmp` for an f16 cache).
-fn kv_slice<'a>(store: &'a KvStore, start: usize, len: usize, tmp: &'a mut [f32]) -> &'a [f32] {
-    match store {
-        KvStore::F32(v) => &v[start..start + len],
-        KvStore::F16(v) => {
-            v[start..start + len].convert_to_f32_slice(&mut tmp[..len]);
-            &tmp[..len]
-        }
-    }
+    static ATTENTION_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn kv_write(store: &mut KvStore, start: usize, vals: &[f32]) {
@@ -683,31 +671,21 @@ impl Backend for CpuBackend {
             // Scratch kept by each thread, reserved for the whole cache at once (so warm
             // decode steps never allocate) and never shrunk: a decode step runs thousands of
             // these tasks, and zeroing fresh stack buffers for each showed in profiles.
-            ATTENTION_SCRATCH.with_borrow_mut(|(scores, tmp)| {
+            ATTENTION_SCRATCH.with_borrow_mut(|scores| {
                 scores.clear();
                 scores.reserve(cache.capacity.max(pos + 1));
                 scores.resize(pos + 1, 0.0);
-                tmp.resize(hd, 0.0);
                 // This head's cached rows 0..=pos are contiguous (see `kv_index`).
                 let span = kv_index(cache.capacity, hd, kvh, 0)..kv_index(cache.capacity, hd, kvh, pos + 1);
+                // f16 rows are widened exactly as they are read: the same bits as f32 copies.
                 match k_store {
                     KvStore::F32(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),
-                    KvStore::F16(_) => {
-                        for (j, sc) in scores.iter_mut().enumerate() {
-                            let key = kv_slice(k_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp);
-                            *sc = simd::dot(isa, q, key) * spec.scale;
-                        }
-                    }
+                    KvStore::F16(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),
                 }
                 simd::softmax(isa, scores);
                 match v_store {
                     KvStore::F32(v) => simd::weighted_rows(isa, scores, &v[span], o),
-                    KvStore::F16(_) => {
-                        o.fill(0.0);
-                        for (j, &p) in scores.iter().enumerate() {
-                            simd::axpy(isa, p, kv_slice(v_store, kv_index(cache.capacity, hd, kvh, j), hd, tmp), o);
-                        }
-                    }
+                    KvStore::F16(v) => simd::weighted_rows(isa, scores, &v[span], o),
                 }
             })
         };

@@ -221,35 +221,66 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// What attention's row kernels read: cached keys and values in f32 or f16 (widened
+/// exactly to f32 as they are read, so an f16 row gives the bits its f32 copy would).
+#[cfg(target_arch = "x86_64")]
+pub trait KvElem: x86::Elem + Send + Sync {
+    fn to_f32_row(row: &[Self], out: &mut Vec<f32>);
+}
+/// What attention's row kernels read (see the x86 definition).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait KvElem: Copy + Send + Sync {
+    fn to_f32_row(row: &[Self], out: &mut Vec<f32>);
+}
+
+impl KvElem for f32 {
+    fn to_f32_row(row: &[f32], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend_from_slice(row);
+    }
+}
+
+impl KvElem for half::f16 {
+    fn to_f32_row(row: &[half::f16], out: &mut Vec<f32>) {
+        out.clear();
+        out.extend(row.iter().map(|v| v.to_f32()));
+    }
+}
+
 /// `scores[j] = dot(q, rows[j·n .. (j+1)·n]) · scale` for every row (`n = q.len()`),
-/// each exactly as [`dot`] computes it: attention scores against one head's cached keys.
-pub fn dot_rows(isa: Isa, q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
+/// each exactly as [`dot`] computes it on the row widened to f32: attention scores
+/// against one head's cached keys.
+pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, scores: &mut [f32]) {
     let n = q.len();
     assert_eq!(rows.len(), scores.len() * n, "dot_rows: shapes");
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
-        // SAFETY: features checked by detection; shapes checked above.
+        // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
         return unsafe { x86::dot_rows(q, rows, scale, scores) };
     }
+    let mut row32 = Vec::with_capacity(n);
     for (sc, row) in scores.iter_mut().zip(rows.chunks_exact(n.max(1))) {
-        *sc = dot(isa, q, row) * scale;
+        T::to_f32_row(row, &mut row32);
+        *sc = dot(isa, q, &row32) * scale;
     }
 }
 
 /// `out = Σ_j p[j] · rows[j·n .. (j+1)·n]` (`n = out.len()`), summed in `j` order from
 /// zero with a separate multiply and add per term, exactly as [`axpy`] called for each
 /// row in turn: attention's weighted values.
-pub fn weighted_rows(isa: Isa, p: &[f32], rows: &[f32], out: &mut [f32]) {
+pub fn weighted_rows<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32]) {
     let n = out.len();
     assert_eq!(rows.len(), p.len() * n, "weighted_rows: shapes");
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
-        // SAFETY: features checked by detection; shapes checked above.
+        // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
         return unsafe { x86::weighted_rows(p, rows, out) };
     }
     out.fill(0.0);
+    let mut row32 = Vec::with_capacity(n);
     for (&pj, row) in p.iter().zip(rows.chunks_exact(n.max(1))) {
-        axpy(isa, pj, row, out);
+        T::to_f32_row(row, &mut row32);
+        axpy(isa, pj, &row32, out);
     }
 }
 
@@ -560,20 +591,20 @@ pub(crate) mod x86 {
     }
 
     /// # Safety
-    /// Needs AVX2 and FMA; `rows.len() == scores.len() * q.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn dot_rows(q: &[f32], rows: &[f32], scale: f32, scores: &mut [f32]) {
+    /// Needs AVX2, FMA and F16C; `rows.len() == scores.len() * q.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_rows<T: Elem>(q: &[f32], rows: &[T], scale: f32, scores: &mut [f32]) {
         let n = q.len();
         for (j, sc) in scores.iter_mut().enumerate() {
-            // SAFETY: row j is inside `rows` (the caller's shape); `dot` inlines here.
-            *sc = unsafe { dot(q, rows.get_unchecked(j * n..(j + 1) * n)) } * scale;
+            // SAFETY: row j is inside `rows` (the caller's shape); `dot_by` inlines here.
+            *sc = unsafe { dot_by(q, rows.get_unchecked(j * n..(j + 1) * n)) } * scale;
         }
     }
 
     /// # Safety
-    /// Needs AVX2 and FMA; `rows.len() == p.len() * out.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn weighted_rows(p: &[f32], rows: &[f32], out: &mut [f32]) {
+    /// Needs AVX2, FMA and F16C; `rows.len() == p.len() * out.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn weighted_rows<T: Elem>(p: &[f32], rows: &[T], out: &mut [f32]) {
         let n = out.len();
         let r = rows.as_ptr();
         // Columns in strips of up to 64 held in eight registers across all rows; each term
@@ -585,8 +616,8 @@ pub(crate) mod x86 {
             for (j, &pj) in p.iter().enumerate() {
                 let pv = _mm256_set1_ps(pj);
                 for (u, a) in acc.iter_mut().enumerate().take(w) {
-                    // SAFETY: j < p.len() and c + 8u + 8 ≤ n, so the 8 floats are inside row j.
-                    let v = unsafe { _mm256_loadu_ps(r.add(j * n + c + 8 * u)) };
+                    // SAFETY: j < p.len() and c + 8u + 8 ≤ n, so the 8 values are inside row j.
+                    let v = unsafe { T::load8(r.add(j * n + c + 8 * u)) };
                     *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, v));
                 }
             }
@@ -599,9 +630,73 @@ pub(crate) mod x86 {
         for (i, o) in out.iter_mut().enumerate().skip(c) {
             let mut acc = 0.0f32;
             for (j, &pj) in p.iter().enumerate() {
-                acc += pj * rows[j * n + i];
+                acc += pj * rows[j * n + i].get();
             }
             *o = acc;
+        }
+    }
+
+    /// An element type the row kernels read: f32, or f16 widened exactly (F16C).
+    pub trait Elem: Copy {
+        /// Eight elements from `p`, as f32.
+        ///
+        /// # Safety
+        /// Eight elements are readable at `p`; AVX2, FMA and F16C are available.
+        unsafe fn load8(p: *const Self) -> __m256;
+        fn get(self) -> f32;
+    }
+
+    impl Elem for f32 {
+        #[inline(always)]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller's contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        fn get(self) -> f32 {
+            self
+        }
+    }
+
+    impl Elem for half::f16 {
+        #[inline(always)]
+        unsafe fn load8(p: *const half::f16) -> __m256 {
+            // SAFETY: the caller's contract (F16C included).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
+        #[inline(always)]
+        fn get(self) -> f32 {
+            self.to_f32()
+        }
+    }
+
+    /// # Safety
+    /// `a.len() == b.len()`; AVX2, FMA and F16C are available.
+    #[inline(always)]
+    unsafe fn dot_by<T: Elem>(a: &[f32], b: &[T]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        // SAFETY (all loads): i + 32 <= n or i + 8 <= n, both slices have n elements.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), T::load8(pb.add(i + 8 * j)), *a);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc[0]);
+                i += 8;
+            }
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut s = hsum(v);
+            while i < n {
+                s += a[i] * b[i].get();
+                i += 1;
+            }
+            s
         }
     }
 
@@ -610,30 +705,8 @@ pub(crate) mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY (all loads): i + 32 <= n or i + 8 <= n, both slices have n elements.
-        while i + 32 <= n {
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = unsafe {
-                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8 * j)), _mm256_loadu_ps(pb.add(i + 8 * j)), *a)
-                };
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            acc[0] = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc[0]) };
-            i += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        while i < n {
-            s += a[i] * b[i];
-            i += 1;
-        }
-        s
+        // SAFETY: the caller's contract; f32 loads need no F16C.
+        unsafe { dot_by(a, b) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -749,6 +822,15 @@ pub fn isas_or_skip() -> Vec<Isa> {
 mod tests {
     use super::*;
 
+    trait Bits {
+        fn map_bits(&self) -> Vec<u32>;
+    }
+    impl Bits for Vec<f32> {
+        fn map_bits(&self) -> Vec<u32> {
+            self.iter().map(|v| v.to_bits()).collect()
+        }
+    }
+
     #[test]
     fn vector_exp_and_gelu_match_scalar() {
         let Some(avx2) = avx2_or_skip() else { return };
@@ -838,6 +920,18 @@ mod tests {
                     }
                     let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{isa:?} weighted_rows n {n} rows {n_rows}: {got:?} vs {want:?}");
+                    // f16 rows (an f16 KV cache): the bits of the same calls on the rows
+                    // widened to f32 first.
+                    let rows16: Vec<half::f16> = rows.iter().map(|&v| half::f16::from_f32(v)).collect();
+                    let widened: Vec<f32> = rows16.iter().map(|v| v.to_f32()).collect();
+                    let (mut got, mut want) = (vec![f32::NAN; n_rows], vec![f32::NAN; n_rows]);
+                    dot_rows(isa, &q, &rows16, 0.125, &mut got);
+                    dot_rows(isa, &q, &widened, 0.125, &mut want);
+                    assert_eq!(got.map_bits(), want.map_bits(), "{isa:?} f16 dot_rows n {n} rows {n_rows}");
+                    let (mut got, mut want) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                    weighted_rows(isa, &p, &rows16, &mut got);
+                    weighted_rows(isa, &p, &widened, &mut want);
+                    assert_eq!(got.map_bits(), want.map_bits(), "{isa:?} f16 weighted_rows n {n} rows {n_rows}");
                 }
             }
         }
