@@ -264,6 +264,20 @@ fn matmul_impl(
     if rows == 0 {
         return;
     }
+    if n_in == 0 {
+        // An empty sum: every output is the bias (or 0), GELU'd if asked, as the tiles'
+        // epilogue would give (the K-blocks-outermost loop would write nothing).
+        for row in out.chunks_mut(n_out.max(1)) {
+            match epi.bias {
+                Some(b) => row.copy_from_slice(b),
+                None => row.fill(0.0),
+            }
+            if epi.gelu {
+                simd::gelu(isa, row);
+            }
+        }
+        return;
+    }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
     let run = |panels: std::ops::Range<usize>| {
@@ -857,7 +871,7 @@ mod tests {
     #[test]
     fn matmul_matches_a_plain_sum_on_awkward_shapes() {
         let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
-            &[(1, 5, 17), (3, 17, 33), (7, 260, 18)]
+            &[(1, 5, 17), (3, 17, 33), (7, 260, 18), (7, 770, 5)]
         } else {
             // 13 rows: the skinny, panel-by-panel GEMM; 37: K blocks outermost.
             &[
@@ -975,7 +989,9 @@ mod tests {
     #[test]
     fn avx512_kernels_equal_avx2_bit_for_bit() {
         let (Some(avx512), Some(avx2)) = (simd::avx512_or_skip(), simd::avx2_or_skip()) else { return };
-        for &(rows, n_in, n_out) in &[(1, 5, 17), (2, 300, 33), (3, 17, 33), (7, 260, 18), (13, 513, 100)] {
+        for &(rows, n_in, n_out) in
+            &[(1, 5, 17), (2, 300, 33), (3, 17, 33), (7, 260, 18), (13, 513, 100), (37, 1600, 40)]
+        {
             let x = values(rows * n_in, 11);
             // Weights of GELU's curved middle (scale 0.1) and of its tails (1e3).
             for (scale, dtype) in [0.1f32, 1e3]

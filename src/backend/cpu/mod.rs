@@ -546,6 +546,7 @@ impl Backend for CpuBackend {
     }
 
     fn layer_norm(&self, x: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
+        assert!(gain.len() == x.cols && shift.len() == x.cols, "norm: gain and shift must be one per column");
         let mut out = self.take_to_overwrite(x.rows, x.cols);
         map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
@@ -571,18 +572,21 @@ impl Backend for CpuBackend {
     }
 
     fn add_layer_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, shift: &Vec<f32>, eps: f32) -> CpuAct {
+        assert!(gain.len() == x.cols && shift.len() == x.cols, "norm: gain and shift must be one per column");
         let mut out = self.take_to_overwrite(x.rows, x.cols);
         add_map_rows(x, y, &mut out, |xr, or| simd::layer_norm(xr, gain, shift, eps, or));
         out
     }
 
     fn rms_norm(&self, x: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
+        assert_eq!(gain.len(), x.cols, "norm: one gain per column");
         let mut out = self.take_to_overwrite(x.rows, x.cols);
         map_rows(x, x.cols, &mut out, x.cols, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
     }
 
     fn add_rms_norm(&self, x: &mut CpuAct, y: &CpuAct, gain: &Vec<f32>, eps: f32) -> CpuAct {
+        assert_eq!(gain.len(), x.cols, "norm: one gain per column");
         let mut out = self.take_to_overwrite(x.rows, x.cols);
         add_map_rows(x, y, &mut out, |xr, or| simd::rms_norm(xr, gain, eps, or));
         out
@@ -693,11 +697,13 @@ impl Backend for CpuBackend {
         // scores to compute are many.
         let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
         let (n_tasks, threads) = (out.len() / hd.max(1), rayon::current_num_threads());
-        if work >= PARALLEL_ATTENTION_WORK && n_rows > team::SPLIT_MAX_ROWS {
+        let parallel = work >= PARALLEL_ATTENTION_WORK;
+        if parallel && n_rows > team::SPLIT_MAX_ROWS {
             out.par_chunks_mut(hd).enumerate().for_each(one);
         } else {
-            // Below that, the spinning team (a hand-off of ~1 µs) when it is free, tasks
-            // dealt round-robin; else one thread.
+            // A decode step (or little work): the spinning team (a hand-off of ~1 µs) when
+            // it is free, tasks dealt round-robin; else rayon when the work is large, one
+            // thread when it is small.
             let base = TaskOut(out.as_mut_ptr());
             let part = |p: usize| {
                 for task in (p..n_tasks).step_by(threads) {
@@ -709,7 +715,11 @@ impl Backend for CpuBackend {
                 }
             };
             if threads < 2 || n_tasks < threads || !team::run(threads, &part) {
-                out.chunks_mut(hd).enumerate().for_each(one);
+                if parallel {
+                    out.par_chunks_mut(hd).enumerate().for_each(one);
+                } else {
+                    out.chunks_mut(hd).enumerate().for_each(one);
+                }
             }
         }
         Ok(out)

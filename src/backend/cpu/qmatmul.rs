@@ -432,6 +432,9 @@ pub struct Q8Rows {
     /// The 8-bit values, within ±127 (never −128: the AVX2 Q8_0 kernel's sign trick
     /// relies on it).
     pub q: Vec<i8>,
+    /// Scratch of `quantize_rows` on the team: `(d, s, Σq)` per block, kept so warm
+    /// decode steps do not allocate.
+    meta: Vec<(f32, f32, i32)>,
 }
 
 /// `(roundf(v) as i32).clamp(-127, 127)` (ties away from zero; NaN gives 0) without a libm
@@ -484,6 +487,7 @@ fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
 
 /// Quantize `rows` rows of `n` values (`n` a multiple of 32).
 pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
+    assert!(n.is_multiple_of(QK) && x.len() >= rows * n, "quantize_rows: whole blocks of {QK} per row");
     let nb = n / QK;
     out.blocks_per_row = nb;
     out.d.resize(rows * nb, 0.0);
@@ -514,7 +518,9 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     if rows > 1 && rows <= super::team::SPLIT_MAX_ROWS {
         // A decode step's rows on the team (a rayon region's wake-up costs more): each run
         // of rows quantizes into `q` and a scratch of (d, s, Σq), copied out after.
-        let mut meta = vec![(0f32, 0f32, 0i32); rows * nb];
+        let mut meta = std::mem::take(&mut out.meta);
+        meta.clear();
+        meta.resize(rows * nb, (0.0, 0.0, 0));
         super::team::split2_mut(&mut out.q[..rows * n], n, &mut meta, nb, &|first, q, m| {
             let xs = &x[first * n..first * n + q.len()];
             let blocks = xs.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
@@ -522,9 +528,10 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
                 one(((xb, qb), ((d, s), total)));
             }
         });
-        for (i, (dv, sv, sum)) in meta.into_iter().enumerate() {
+        for (i, &(dv, sv, sum)) in meta.iter().enumerate() {
             (out.d[i], out.s[i], out.sum[i]) = (dv, sv, sum);
         }
+        out.meta = meta;
     } else if rows > 4 {
         x[..rows * n]
             .par_chunks_exact(QK)

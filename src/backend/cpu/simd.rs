@@ -210,41 +210,46 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         return unsafe { x86::dot(a, b) };
     }
     let _ = isa;
-    let mut acc = [0.0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+    dot_widened(a, b)
 }
 
 /// What attention's row kernels read: cached keys and values in f32 or f16 (widened
 /// exactly to f32 as they are read, so an f16 row gives the bits its f32 copy would).
 #[cfg(target_arch = "x86_64")]
 pub trait KvElem: x86::Elem + Send + Sync {
-    fn to_f32_row(row: &[Self], out: &mut Vec<f32>);
+    fn widen(self) -> f32;
 }
 /// What attention's row kernels read (see the x86 definition).
 #[cfg(not(target_arch = "x86_64"))]
 pub trait KvElem: Copy + Send + Sync {
-    fn to_f32_row(row: &[Self], out: &mut Vec<f32>);
+    fn widen(self) -> f32;
 }
 
 impl KvElem for f32 {
-    fn to_f32_row(row: &[f32], out: &mut Vec<f32>) {
-        out.clear();
-        out.extend_from_slice(row);
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
     }
 }
 
 impl KvElem for half::f16 {
-    fn to_f32_row(row: &[half::f16], out: &mut Vec<f32>) {
-        out.clear();
-        out.extend(row.iter().map(|v| v.to_f32()));
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
     }
+}
+
+/// The portable [`dot`] of f32 `a` and `b` widened element by element (no copy).
+fn dot_widened<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y.widen()).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..16 {
+            acc[i] += x[i] * y[i].widen();
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// `scores[j] = dot(q, rows[j·n .. (j+1)·n]) · scale` for every row (`n = q.len()`),
@@ -258,10 +263,8 @@ pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, scores: 
         // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
         return unsafe { x86::dot_rows(q, rows, scale, scores) };
     }
-    let mut row32 = Vec::with_capacity(n);
     for (sc, row) in scores.iter_mut().zip(rows.chunks_exact(n.max(1))) {
-        T::to_f32_row(row, &mut row32);
-        *sc = dot(isa, q, &row32) * scale;
+        *sc = dot_widened(q, row) * scale;
     }
 }
 
@@ -277,10 +280,11 @@ pub fn weighted_rows<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32]
         return unsafe { x86::weighted_rows(p, rows, out) };
     }
     out.fill(0.0);
-    let mut row32 = Vec::with_capacity(n);
     for (&pj, row) in p.iter().zip(rows.chunks_exact(n.max(1))) {
-        T::to_f32_row(row, &mut row32);
-        axpy(isa, pj, &row32, out);
+        // `axpy`'s loop on the row widened element by element (no copy).
+        for (yv, xv) in out.iter_mut().zip(row) {
+            *yv += pj * xv.widen();
+        }
     }
 }
 

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(200);
 
 /// How long a helper spins without work before it starts yielding its time slice between
-/// polls: between team jobs a step often runs rayon work (attention, activation
-/// quantization) on every core, and a helper spinning at full speed would take a core's
-/// share from it.
+/// polls: between team jobs a step may run rayon work on every core (a prefill's, or a
+/// batch of more than [`SPLIT_MAX_ROWS`] rows: a decode step's own row-wise work runs on
+/// the team), and a helper spinning at full speed would take a core's share from it.
 const SPIN_ALONE: Duration = Duration::from_micros(5);
 
 /// The job: a type-erased `&(dyn Fn(usize) + Sync)` valid while `run` waits.
@@ -238,8 +238,10 @@ pub fn split_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut 
 /// elements (the same number of pieces; a last piece may be short), one contiguous run of
 /// pieces per thread of the current rayon pool: run `p` holds pieces `first = n·p/threads`
 /// up to `n·(p+1)/threads`. On the team, else rayon over the same runs (one thread: one
-/// call). `b_chunk` 0 means no `b` (empty parts).
+/// call). `b_chunk` 0 means no `b` (empty parts). Not meant to nest: a part calling it
+/// again finds the team busy and falls back to rayon.
 pub fn split2_mut<A: Send, B: Send>(a: &mut [A], a_chunk: usize, b: &mut [B], b_chunk: usize, f: &PairParts<'_, A, B>) {
+    assert!(a_chunk > 0 || a.is_empty(), "split2_mut: pieces of no elements");
     let n = a.len().div_ceil(a_chunk.max(1));
     assert!(b_chunk == 0 || b.len().div_ceil(b_chunk) == n, "split2_mut: piece counts differ");
     let threads = rayon::current_num_threads().min(n);
@@ -301,6 +303,19 @@ mod tests {
     /// short last piece, fewer pieces than threads, none).
     #[test]
     fn split_covers_every_piece_once() {
+        // The team (this machine's thread count), and rayon pools of 3 and 5 threads (no
+        // team of that size, so the rayon fallback splits, even on one CPU).
+        split_cases();
+        for threads in [3, 5] {
+            rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(split_cases);
+        }
+        let r = std::panic::catch_unwind(|| {
+            split_mut(&mut [0u8; 64], 4, &|first, _| assert_ne!(first, 0, "a part fails"));
+        });
+        assert!(r.is_err(), "a panicking part must surface");
+    }
+
+    fn split_cases() {
         for (len, chunk) in [(0, 4), (1, 4), (7, 3), (64, 16), (100, 7), (33 * 5, 5)] {
             let mut a: Vec<usize> = vec![usize::MAX; len];
             let mut b: Vec<usize> = vec![usize::MAX; len.div_ceil(chunk) * 2];
