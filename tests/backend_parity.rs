@@ -467,7 +467,7 @@ fn random_blocks(rng: &mut Rng, ty: batch_forge::loaders::gguf::GgmlType, n_out:
     out
 }
 
-/// The quantized kernels (GGUF Q8_0/Q4_0/Q4_1 blocks × activations quantized to 8-bit
+/// The quantized kernels (GGUF Q8_0/Q4_0/Q4_1/Q6_K blocks × activations quantized to 8-bit
 /// blocks) against an independent f64 evaluation of the same block formula from the raw
 /// bytes, on both ISAs, awkward shapes (partial panels of 16 rows, one block per row, decode
 /// and prefill row counts) and activation magnitudes from 1e-3 to 1e3. The integer sums
@@ -492,7 +492,7 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
     let f16v = |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
     for isa in isas_or_skip() {
         let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6K] {
             for (n_out, n_in, t, scale) in [
                 (1, 32, 1, 1.0),
                 (3, 96, 2, 1e-3),
@@ -502,7 +502,13 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
                 (4, 32, 4, 1.0),
                 (40, 160, 17, 1.0),
                 (48, 576, 32, 1e2),
+                (40, 256, 17, 1e-2),
+                (5, 768, 1, 1e3),
+                (48, 512, 32, 1.0),
             ] {
+                if ty == GgmlType::Q6K && n_in % 256 != 0 {
+                    continue; // super-blocks of 256
+                }
                 let bytes = random_blocks(&mut rng, ty, n_out, n_in);
                 let w = b.load_quantized("w", ty, n_out, n_in, &bytes).unwrap();
                 let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
@@ -510,7 +516,7 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
                 let mut q8 = Q8Rows::default();
                 quantize_rows(&x.data, t, n_in, &mut q8);
                 let nb = n_in / QK;
-                let bs = bytes.len() / (n_out * nb);
+                let bs = bytes.len() / (n_out * nb); // per 32 values (Q6_K: unused)
                 for r in 0..t {
                     for blk in 0..nb {
                         // The quantizer, llama.cpp's: d = amax / 127, q = roundf(x · (1/d))
@@ -528,9 +534,30 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
                     for j in 0..n_out {
                         let (mut want, mut size) = (0f64, 0f64);
                         for blk in 0..nb {
-                            let wb = &bytes[(j * nb + blk) * bs..(j * nb + blk + 1) * bs];
                             let xq = &q8.q[r * n_in + blk * QK..r * n_in + (blk + 1) * QK];
                             let (dx, sx) = (q8.d[r * nb + blk] as f64, q8.s[r * nb + blk] as f64);
+                            if ty == GgmlType::Q6K {
+                                // Q6_K's layout read straight from the file's super-block:
+                                // value u of half n = u / 128 takes a nibble of ql[64n + u % 64]
+                                // (high for u % 128 ≥ 64) and bits 2·((u % 128) / 32) of
+                                // qh[32n + u % 32]; w = d · scale[u / 16] · (q − 32).
+                                let sb = &bytes[(j * nb / 8 + blk / 8) * 210..][..210];
+                                let mut term = 0f64;
+                                for (i, &xi) in xq.iter().enumerate() {
+                                    let u = 32 * (blk % 8) + i;
+                                    let (n, v) = (u / 128, u % 128);
+                                    let low = sb[64 * n + v % 64] >> (4 * (v / 64)) & 15;
+                                    let high = sb[128 + 32 * n + v % 32] >> (2 * (v / 32)) & 3;
+                                    let q = (low | high << 4) as i64 - 32;
+                                    let scale = sb[192 + u / 16] as i8 as i64;
+                                    term += (scale * q * xi as i64) as f64;
+                                }
+                                let term = f16v(sb, 208) * dx * term;
+                                want += term;
+                                size += term.abs();
+                                continue;
+                            }
+                            let wb = &bytes[(j * nb + blk) * bs..(j * nb + blk + 1) * bs];
                             let wq: Vec<i32> = match ty {
                                 GgmlType::Q8_0 => wb[2..].iter().map(|&v| v as i8 as i32).collect(),
                                 GgmlType::Q4_0 => {
@@ -596,7 +623,7 @@ fn quantized_kernels_agree_on_this_pool() {
         |isa| CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
     let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
         // Shapes: partial panels of 7, 13, 4 rows; remainders of 1-3 rows past chunks of
         // four (two on AVX2); (70, 512, 9) runs five panels on the thread team. Case 5 has every
         // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
@@ -626,7 +653,7 @@ fn quantized_kernels_agree_on_this_pool() {
         .into_iter()
         .enumerate()
         {
-            if ty == GgmlType::Q4K && n_in % 256 != 0 {
+            if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && n_in % 256 != 0 {
                 continue;
             }
             let odd_scales = case == 10;
@@ -642,6 +669,21 @@ fn quantized_kernels_agree_on_this_pool() {
             } else {
                 random_blocks(&mut rng, ty, n_out, n_in)
             };
+            if ty == GgmlType::Q6K {
+                // Its d comes last; extremes: every q − 32 = −32 and every scale −128, the
+                // block's integer sum at its largest (2·128·16·32·127 < 2²⁴).
+                for blk in bytes.chunks_mut(210) {
+                    if odd_scales {
+                        let r = rng.next_u64() as u16;
+                        let bits = (r & 0x83FF) | ((r >> 10) % 15) << 10;
+                        blk[208..].copy_from_slice(&bits.to_le_bytes());
+                    }
+                    if extreme {
+                        blk[..192].fill(0);
+                        blk[192..208].fill(0x80);
+                    }
+                }
+            }
             // Q8_0 weights of -128 (llama.cpp never writes them; other writers may).
             let (bs, header) = match ty {
                 GgmlType::Q8_0 => (34, 2),
@@ -649,7 +691,7 @@ fn quantized_kernels_agree_on_this_pool() {
                 GgmlType::Q4_1 => (20, 4),
                 _ => (144, 16),
             };
-            for blk in bytes.chunks_mut(bs) {
+            for blk in bytes.chunks_mut(bs).filter(|_| ty != GgmlType::Q6K) {
                 if odd_scales {
                     // Sign and mantissa random, exponent 0 (zero or subnormal) to 14: finite.
                     for h in blk[..header].chunks_mut(2) {

@@ -439,9 +439,10 @@ impl Backend for CpuBackend {
         }))
     }
 
-    /// Q8_0, Q4_0 and Q4_1 stay quantized (unless `--dtype` asks for floats), Q4_K too (held
-    /// losslessly as Q4_1 sub-blocks, [`QMatrix::from_q4_k`]); the other
-    /// block types (Q5_0, Q5_1, Q5_K, Q6_K) are decoded exactly and re-quantized to
+    /// Q8_0, Q4_0 and Q4_1 stay quantized (unless `--dtype` asks for floats), Q4_K and
+    /// Q6_K too (held losslessly in blocks of 32, [`QMatrix::from_q4_k`],
+    /// [`QMatrix::from_q6_k`]); the other block types (Q5_0, Q5_1, Q5_K) are decoded
+    /// exactly and re-quantized to
     /// Q8_0 blocks (about 0.4% more rounding, far less than the file's own), so they run
     /// on the Q8_0 kernel instead of as f32 (4x the bytes per token).
     fn load_quantized(
@@ -460,6 +461,11 @@ impl Backend for CpuBackend {
             }
             None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => {
                 let m = QMatrix::from_q4_k_with(n_out, n_in, bytes, crate::loaders::release)
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                Ok(CpuMatrix::Quant(m))
+            }
+            None if ty == GgmlType::Q6K && self.opts.weight_dtype.is_none() => {
+                let m = QMatrix::from_q6_k_with(n_out, n_in, bytes, crate::loaders::release)
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }

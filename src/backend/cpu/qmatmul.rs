@@ -50,6 +50,9 @@ pub enum QType {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// GGUF Q6_K held in blocks of 32 ([`QMatrix::from_q6_k`]): 6-bit quants, the
+    /// super-block's `d` per block, and the two 16-value sub-blocks' i8 scales.
+    Q6K,
 }
 
 impl QType {
@@ -63,11 +66,13 @@ impl QType {
         }
     }
 
+    /// Bytes of a 32-value GGUF block (Q6_K's blocks hold 256 values: 210 bytes).
     pub fn block_bytes(self) -> usize {
         match self {
             QType::Q8_0 => 34,
             QType::Q4_0 => 18,
             QType::Q4_1 => 20,
+            QType::Q6K => 210,
         }
     }
 
@@ -76,6 +81,8 @@ impl QType {
         match self {
             QType::Q8_0 => 32,
             QType::Q4_0 | QType::Q4_1 => 16,
+            // 16 bytes of low nibbles as Q4's, then 8 bytes of 2-bit highs.
+            QType::Q6K => 24,
         }
     }
 
@@ -89,6 +96,7 @@ impl QType {
             QType::Q8_0 => "q8_0",
             QType::Q4_0 => "q4_0",
             QType::Q4_1 => "q4_1",
+            QType::Q6K => "q6_k",
         }
     }
 }
@@ -120,6 +128,9 @@ pub struct QMatrix {
     pub n_out: usize,
     qs: Vec<u8>,
     dm: Scales,
+    /// Q6_K's sub-block scales, block by block: the sixteen rows' first-half i8 scale,
+    /// then their second-half one (empty for the other types).
+    sc: Vec<i8>,
 }
 
 /// Stored scales: f16 bits, or f32 where f16 cannot hold them exactly.
@@ -183,6 +194,7 @@ struct RowRef<'a> {
     ty: QType,
     qs: &'a [u8],
     dm: ScaleSlice<'a>,
+    sc: &'a [i8],
     r: usize,
 }
 
@@ -199,6 +211,20 @@ impl RowRef<'_> {
         let at = |kind: usize| self.dm.get(scale_index(ns, b, kind, self.r));
         (q, at(0), if ns == 2 { at(1) } else { 0.0 })
     }
+
+    /// Q6_K's i8 scales of block `b`'s two halves.
+    fn sub_scales(&self, b: usize) -> [i32; 2] {
+        [0, 1].map(|h| i32::from(self.sc[(2 * b + h) * PANEL + self.r]))
+    }
+}
+
+/// Value `i` (0..32) of a Q6_K-style block's 24 quant bytes, unsigned 0..63: the low
+/// nibble from byte `i % 16` (high nibble for `i ≥ 16`), the top two bits from byte
+/// `16 + i % 8`, bits `2 · (i / 8)`.
+fn q6_value(q: &[u8], i: usize) -> i32 {
+    let low = (q[i % 16] >> (4 * (i / 16))) & 0x0F;
+    let high = (q[16 + i % 8] >> (2 * (i / 8))) & 3;
+    i32::from(low | high << 4)
 }
 
 /// Where, in a panel's scales, row `r`'s scale `kind` (0: `d`, 1: `m`) of block `b` is.
@@ -224,6 +250,9 @@ impl QMatrix {
         bytes: &[u8],
         mut done: impl FnMut(&[u8]),
     ) -> Result<Self, String> {
+        if ty == QType::Q6K {
+            return Err("q6_k: blocks of 256 values (QMatrix::from_q6_k)".into());
+        }
         if n_in == 0 || !n_in.is_multiple_of(QK) {
             return Err(format!("{}: rows of {n_in} values are not whole blocks of {QK}", ty.name()));
         }
@@ -233,7 +262,7 @@ impl QMatrix {
             return Err(format!("{}: {} bytes for {n_out} rows of {row_bytes}", ty.name(), bytes.len()));
         }
         let header = ty.block_bytes() - ty.quant_bytes();
-        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], _: &mut [i8; 2]| {
             let blk = &bytes[j * row_bytes + b * ty.block_bytes()..][..ty.block_bytes()];
             q.copy_from_slice(&blk[header..]);
             for (i, v) in dm.iter_mut().take(ty.scales()).enumerate() {
@@ -270,7 +299,7 @@ impl QMatrix {
         if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
             return Err(format!("q4_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
         }
-        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], _: &mut [i8; 2]| {
             // Sub-block b of the row: sub-block b % 8 of super-block b / 8.
             let blk = &bytes[j * row_bytes + b / 8 * BLOCK..][..BLOCK];
             let sub = b % 8;
@@ -284,6 +313,58 @@ impl QMatrix {
             }
         };
         Ok(Self::from_blocks(QType::Q4_1, false, n_out, n_in, fill, |rows| {
+            done(&bytes[rows.start * row_bytes..rows.end * row_bytes])
+        }))
+    }
+
+    /// GGUF Q6_K blocks held exactly in blocks of 32, at 7 bits a weight (the file's 6.56
+    /// plus the super-block's `d` repeated per block): each 32 values keep their 6-bit
+    /// quants `q` (repacked from Q6_K's interleaved halves), the two i8 scales of their
+    /// 16-value halves and `d`, so `w = (d · scale) · (q − 32)` as the file decodes. The
+    /// kernels sum a block exactly as `scale₀ · Σ₀ (q − 32)·x + scale₁ · Σ₁ (q − 32)·x`
+    /// (within ±2²⁴, exact in f32) and scale it by `d · d_x`: llama.cpp's arithmetic, with
+    /// no re-quantization to Q8_0 (which rounded, and read 34 bytes per 32 weights).
+    pub fn from_q6_k(n_out: usize, n_in: usize, bytes: &[u8]) -> Result<Self, String> {
+        Self::from_q6_k_with(n_out, n_in, bytes, |_| {})
+    }
+
+    /// [`QMatrix::from_q6_k`] with `done` as in [`QMatrix::new_with`].
+    pub fn from_q6_k_with(
+        n_out: usize,
+        n_in: usize,
+        bytes: &[u8],
+        mut done: impl FnMut(&[u8]),
+    ) -> Result<Self, String> {
+        const QK_K: usize = 256;
+        const BLOCK: usize = 210;
+        if n_in == 0 || !n_in.is_multiple_of(QK_K) {
+            return Err(format!("q6_k: rows of {n_in} values are not whole blocks of {QK_K}"));
+        }
+        let row_bytes = n_in / QK_K * BLOCK;
+        if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
+            return Err(format!("q6_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
+        }
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], sc: &mut [i8; 2]| {
+            // Block b of the row: values 32·(b % 8) .. + 32 of super-block b / 8, whose
+            // value u sits in half n = u / 128 as Q6_K interleaves them (see `quant`).
+            let blk = &bytes[j * row_bytes + b / 8 * BLOCK..][..BLOCK];
+            let value = |u: usize| {
+                let (n, v) = (u / 128, u % 128);
+                let low = blk[64 * n + v % 64];
+                let low = if v < 64 { low & 0x0F } else { low >> 4 };
+                low | (blk[128 + 32 * n + v % 32] >> (2 * (v / 32)) & 3) << 4
+            };
+            let u0 = 32 * (b % 8);
+            q.fill(0);
+            for i in 0..QK {
+                let v = value(u0 + i);
+                q[i % 16] |= (v & 0x0F) << (4 * (i / 16));
+                q[16 + i % 8] |= (v >> 4) << (2 * (i / 8));
+            }
+            *sc = [blk[192 + u0 / 16] as i8, blk[192 + u0 / 16 + 1] as i8];
+            dm[0] = f16_at(blk, 208);
+        };
+        Ok(Self::from_blocks(QType::Q6K, true, n_out, n_in, fill, |rows| {
             done(&bytes[rows.start * row_bytes..rows.end * row_bytes])
         }))
     }
@@ -303,7 +384,7 @@ impl QMatrix {
         }
         // The current row, quantized: from_blocks visits rows in order, blocks within each.
         let current: std::cell::RefCell<(usize, Vec<u8>)> = std::cell::RefCell::new((usize::MAX, Vec::new()));
-        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2]| {
+        let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], _: &mut [i8; 2]| {
             let mut cur = current.borrow_mut();
             if cur.0 != j {
                 let mut values = row(j);
@@ -318,15 +399,15 @@ impl QMatrix {
     }
 
     /// The panel-interleaved layout ([`QMatrix`]), each block's quants (in the file's
-    /// order) and `[d, m]` written by `fill(row, block, quants, scales)`; `half`: the
-    /// scales are f16 values (kept as f16).
+    /// order), `[d, m]` and (Q6_K) sub-block scales written by `fill(row, block, quants,
+    /// scales, sub_scales)`; `half`: the scales are f16 values (kept as f16).
     /// `done(rows)` hears of each run of [`RELEASE_ROWS`] rows once it is written.
     fn from_blocks(
         ty: QType,
         half: bool,
         n_out: usize,
         n_in: usize,
-        fill: impl Fn(usize, usize, &mut [u8], &mut [f32; 2]),
+        fill: impl Fn(usize, usize, &mut [u8], &mut [f32; 2], &mut [i8; 2]),
         mut done: impl FnMut(std::ops::Range<usize>),
     ) -> Self {
         let nb = n_in / QK;
@@ -335,12 +416,18 @@ impl QMatrix {
         let panel_scales = nb * ns * PANEL;
         let mut qs = super::matmul::huge_page_vec(n_panels * nb * PANEL * qb, 0u8);
         let mut dm = Scales::zeros(half, n_panels * panel_scales);
+        let mut subs = vec![0i8; if ty == QType::Q6K { n_panels * nb * 2 * PANEL } else { 0 }];
         let mut q = [0u8; QK];
         for j in 0..n_out {
             let (p, r) = (j / PANEL, j % PANEL);
             for b in 0..nb {
-                let mut sc = [0f32; 2];
-                fill(j, b, &mut q[..qb], &mut sc);
+                let (mut sc, mut sub) = ([0f32; 2], [0i8; 2]);
+                fill(j, b, &mut q[..qb], &mut sc, &mut sub);
+                if ty == QType::Q6K {
+                    for (h, v) in sub.into_iter().enumerate() {
+                        subs[((p * nb + b) * 2 + h) * PANEL + r] = v;
+                    }
+                }
                 let blk = &mut qs[(p * nb + b) * PANEL * qb..][..PANEL * qb];
                 for (step, piece) in q[..qb].chunks_exact(4).enumerate() {
                     blk[(step * PANEL + r) * 4..][..4].copy_from_slice(piece);
@@ -353,28 +440,29 @@ impl QMatrix {
                 done(j / RELEASE_ROWS * RELEASE_ROWS..j + 1);
             }
         }
-        QMatrix { ty, n_in, n_out, qs, dm }
+        QMatrix { ty, n_in, n_out, qs, dm, sc: subs }
     }
 
     /// Bytes of weight data in memory.
     pub fn bytes(&self) -> usize {
-        self.qs.len() + self.dm.bytes()
+        self.qs.len() + self.dm.bytes() + self.sc.len()
     }
 
     fn blocks_per_row(&self) -> usize {
         self.n_in / QK
     }
 
-    /// Panel `p`'s quants and scales.
-    fn panel(&self, p: usize) -> (&[u8], ScaleSlice<'_>) {
+    /// Panel `p`'s quants, scales and (Q6_K) sub-block scales.
+    fn panel(&self, p: usize) -> (&[u8], ScaleSlice<'_>, &[i8]) {
         let nb = self.blocks_per_row();
         let (qp, sp) = (nb * PANEL * self.ty.quant_bytes(), nb * PANEL * self.ty.scales());
-        (&self.qs[p * qp..(p + 1) * qp], self.dm.slice(p * sp..(p + 1) * sp))
+        let subs = if self.sc.is_empty() { &[][..] } else { &self.sc[p * nb * 2 * PANEL..(p + 1) * nb * 2 * PANEL] };
+        (&self.qs[p * qp..(p + 1) * qp], self.dm.slice(p * sp..(p + 1) * sp), subs)
     }
 
     fn row(&self, j: usize) -> RowRef<'_> {
-        let (qs, dm) = self.panel(j / PANEL);
-        RowRef { ty: self.ty, qs, dm, r: j % PANEL }
+        let (qs, dm, sc) = self.panel(j / PANEL);
+        RowRef { ty: self.ty, qs, dm, sc, r: j % PANEL }
     }
 
     /// Row `j` decoded to f32 (an embedding lookup), exactly as `quant::dequantize`.
@@ -398,6 +486,13 @@ impl QMatrix {
                     for i in 0..16 {
                         vals[i] = d * (q[i] & 0x0F) as f32 + m;
                         vals[i + 16] = d * (q[i] >> 4) as f32 + m;
+                    }
+                }
+                QType::Q6K => {
+                    // As gguf-py: (d · scale) · (q − 32).
+                    let sc = row.sub_scales(b);
+                    for (i, v) in vals.iter_mut().enumerate() {
+                        *v = (d * sc[i / 16] as f32) * (q6_value(&q, i) - 32) as f32;
                     }
                 }
             }
@@ -429,13 +524,19 @@ pub struct Q8Rows {
     /// Per block: `Σq`, exact, for Q4_0's `Σ (n − 8)·q = Σ n·q − 8·Σq` and the VNNI Q8_0
     /// kernel's `Σ (w + 128)·q − 128·Σq`: it must equal the block's sum.
     pub sum: Vec<i32>,
+    /// Per block: the sum of its first 16 `q` (Q6_K's sub-blocks: `Σ (q_w − 32)·q` per
+    /// half needs each half's `Σq`).
+    pub sum_lo: Vec<i32>,
     /// The 8-bit values, within ±127 (never −128: the AVX2 Q8_0 kernel's sign trick
     /// relies on it).
     pub q: Vec<i8>,
     /// Scratch of `quantize_rows` on the team: `(d, s, Σq)` per block, kept so warm
     /// decode steps do not allocate.
-    meta: Vec<(f32, f32, i32)>,
+    meta: Vec<BlockMeta>,
 }
+
+/// A quantized activation block's `(d, s, Σq, Σq of its first 16)`.
+type BlockMeta = (f32, f32, i32, i32);
 
 /// `(roundf(v) as i32).clamp(-127, 127)` (ties away from zero; NaN gives 0) without a libm
 /// call, in operations that vectorize: clamp first (the same result: ±127 rounds to
@@ -457,9 +558,10 @@ fn round_half_away_clamped(v: f32) -> i8 {
     unsafe { r.to_int_unchecked::<i32>() as i8 }
 }
 
-/// One block of 32 activations quantized into `qb`: `(d, s, Σq)` as [`Q8Rows`] keeps them.
+/// One block of 32 activations quantized into `qb`: `(d, s, Σq, Σq of the first 16)` as
+/// [`Q8Rows`] keeps them.
 #[inline(always)]
-fn quantize_block(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
+fn quantize_block(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
     // NaN or infinity anywhere makes the block's scale non-finite, so the outputs are
     // too and the engine's non-finite check sees it (f32::max would skip a NaN). Two
     // branch-free folds, which the compiler vectorizes.
@@ -468,12 +570,12 @@ fn quantize_block(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
     let amax = if finite { amax } else { f32::NAN };
     let dv = amax / 127.0;
     let id = if dv != 0.0 { 1.0 / dv } else { 0.0 };
-    let mut sum = 0i32;
     for (q, &v) in qb.iter_mut().zip(xb) {
         *q = round_half_away_clamped(v * id);
-        sum += *q as i32;
     }
-    (f16::from_f32(dv).to_f32(), f16::from_f32(dv * sum as f32).to_f32(), sum)
+    let sum_lo: i32 = qb[..16].iter().map(|&q| q as i32).sum();
+    let sum = sum_lo + qb[16..].iter().map(|&q| q as i32).sum::<i32>();
+    (f16::from_f32(dv).to_f32(), f16::from_f32(dv * sum as f32).to_f32(), sum, sum_lo)
 }
 
 /// [`quantize_block`], the same source compiled for AVX-512, where the compiler vectorizes
@@ -481,7 +583,7 @@ fn quantize_block(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
 /// keeps IEEE semantics (no contraction, Rust's saturating casts) whatever the ISA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> (f32, f32, i32) {
+fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
     quantize_block(xb, qb)
 }
 
@@ -490,58 +592,51 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     assert!(n.is_multiple_of(QK) && x.len() >= rows * n, "quantize_rows: whole blocks of {QK} per row");
     let nb = n / QK;
     out.blocks_per_row = nb;
-    out.d.resize(rows * nb, 0.0);
-    out.s.resize(rows * nb, 0.0);
-    out.sum.resize(rows * nb, 0);
     out.q.resize(rows * n, 0);
-    type Block<'a> = ((&'a [f32], &'a mut [i8]), ((&'a mut f32, &'a mut f32), &'a mut i32));
+    let mut meta = std::mem::take(&mut out.meta);
+    meta.clear();
+    meta.resize(rows * nb, (0.0, 0.0, 0, 0));
     #[cfg(target_arch = "x86_64")]
     let wide = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
-    let one = |((xb, qb), ((d, s), total)): Block| {
-        // Chunks of exactly QK (`chunks_exact`).
-        let (xb, qb): (&[f32; QK], &mut [i8; QK]) = (xb.try_into().unwrap(), qb.try_into().unwrap());
-        #[cfg(target_arch = "x86_64")]
-        let (dv, sv, sum) = if wide {
-            // SAFETY: the CPU has AVX-512 F and BW (detected above).
-            unsafe { quantize_block_avx512(xb, qb) }
-        } else {
-            quantize_block(xb, qb)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let (dv, sv, sum) = quantize_block(xb, qb);
-        (*d, *s, *total) = (dv, sv, sum);
-    };
-    let items = x[..rows * n]
-        .chunks_exact(QK)
-        .zip(out.q.chunks_exact_mut(QK))
-        .zip(out.d.iter_mut().zip(out.s.iter_mut()).zip(out.sum.iter_mut()));
-    if rows > 1 && rows <= super::team::SPLIT_MAX_ROWS {
-        // A decode step's rows on the team (a rayon region's wake-up costs more): each run
-        // of rows quantizes into `q` and a scratch of (d, s, Σq), copied out after.
-        let mut meta = std::mem::take(&mut out.meta);
-        meta.clear();
-        meta.resize(rows * nb, (0.0, 0.0, 0));
-        super::team::split2_mut(&mut out.q[..rows * n], n, &mut meta, nb, &|first, q, m| {
-            let xs = &x[first * n..first * n + q.len()];
-            let blocks = xs.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
-            for ((xb, qb), (d, s, total)) in blocks.zip(m.iter_mut()) {
-                one(((xb, qb), ((d, s), total)));
+    // Rows `first ..` of `x` into their quants `q` and block metadata `m`.
+    let run = |first: usize, q: &mut [i8], m: &mut [BlockMeta]| {
+        let xs = &x[first * n..first * n + q.len()];
+        for ((xb, qb), mb) in xs.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(m.iter_mut()) {
+            // Chunks of exactly QK (`chunks_exact`).
+            let (xb, qb): (&[f32; QK], &mut [i8; QK]) = (xb.try_into().unwrap(), qb.try_into().unwrap());
+            #[cfg(target_arch = "x86_64")]
+            {
+                *mb = if wide {
+                    // SAFETY: the CPU has AVX-512 F and BW (detected above).
+                    unsafe { quantize_block_avx512(xb, qb) }
+                } else {
+                    quantize_block(xb, qb)
+                };
             }
-        });
-        for (i, &(dv, sv, sum)) in meta.iter().enumerate() {
-            (out.d[i], out.s[i], out.sum[i]) = (dv, sv, sum);
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                *mb = quantize_block(xb, qb);
+            }
         }
-        out.meta = meta;
-    } else if rows > 4 {
-        x[..rows * n]
-            .par_chunks_exact(QK)
-            .zip(out.q.par_chunks_exact_mut(QK))
-            .zip(out.d.par_iter_mut().zip(out.s.par_iter_mut()).zip(out.sum.par_iter_mut()))
-            .with_min_len(64) // tasks of 64 blocks or more, not one each
-            .for_each(one);
+    };
+    let q = &mut out.q[..rows * n];
+    if n == 0 || rows <= 1 {
+        run(0, q, &mut meta);
+    } else if rows <= super::team::SPLIT_MAX_ROWS {
+        // A decode step's rows on the team: a rayon region's wake-up costs more.
+        super::team::split2_mut(q, n, &mut meta, nb, &run);
     } else {
-        items.for_each(one);
+        q.par_chunks_mut(n).zip(meta.par_chunks_mut(nb)).enumerate().for_each(|(r, (qr, mr))| run(r, qr, mr));
     }
+    out.d.clear();
+    out.d.extend(meta.iter().map(|m| m.0));
+    out.s.clear();
+    out.s.extend(meta.iter().map(|m| m.1));
+    out.sum.clear();
+    out.sum.extend(meta.iter().map(|m| m.2));
+    out.sum_lo.clear();
+    out.sum_lo.extend(meta.iter().map(|m| m.3));
+    out.meta = meta;
 }
 
 /// Activation rows per kernel call on AVX-512 VNNI: each block of weights, loaded and
@@ -563,7 +658,10 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
     let nb = w.blocks_per_row();
     assert_eq!(xq.blocks_per_row * QK, w.n_in, "qmatmul: activation width");
     assert!(out.len() == t_rows * n_out && xq.q.len() >= t_rows * w.n_in, "qmatmul: output or activation rows");
-    assert!(xq.d.len().min(xq.s.len()).min(xq.sum.len()) >= t_rows * nb, "qmatmul: activation scales");
+    assert!(
+        xq.d.len().min(xq.s.len()).min(xq.sum.len()).min(xq.sum_lo.len()) >= t_rows * nb,
+        "qmatmul: activation scales"
+    );
     // Tasks own output columns (rows of W), so a task writes the strided columns of `out`
     // for every token through a raw pointer.
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -648,13 +746,18 @@ fn panel_dot(
     let nb = xq.blocks_per_row;
     let n_in = nb * QK;
     assert!(nb * QK == w.n_in && (1..=TOKENS).contains(&n));
-    assert!((t + n) * n_in <= xq.q.len() && (t + n) * nb <= xq.d.len().min(xq.s.len()).min(xq.sum.len()));
-    let (qs, dm) = w.panel(p);
+    assert!(
+        (t + n) * n_in <= xq.q.len()
+            && (t + n) * nb <= xq.d.len().min(xq.s.len()).min(xq.sum.len()).min(xq.sum_lo.len())
+    );
+    let (qs, dm, subs) = w.panel(p);
+    assert!(w.ty != QType::Q6K || subs.len() == nb * 2 * PANEL);
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         let x = xq.q[t * n_in..].as_ptr();
         let (d, s, sum) = (xq.d[t * nb..].as_ptr(), xq.s[t * nb..].as_ptr(), xq.sum[t * nb..].as_ptr());
-        let q = qs.as_ptr();
+        let sum_lo = xq.sum_lo[t * nb..].as_ptr();
+        let (q, sub) = (qs.as_ptr(), subs.as_ptr());
         let (sc, half) = match dm {
             ScaleSlice::Half(h) => (h.as_ptr() as *const u8, true),
             ScaleSlice::Full(f) => (f.as_ptr() as *const u8, false),
@@ -669,9 +772,9 @@ fn panel_dot(
         macro_rules! call {
             ($k:ident, $ty:literal, $h:literal, $n:literal) => {
                 if pf.far {
-                    x86::$k::<$ty, $h, $n, true>(q, sc, nb, pf, x, d, s, sum, sums)
+                    x86::$k::<$ty, $h, $n, true>(q, sc, sub, nb, pf, x, d, s, sum, sum_lo, sums)
                 } else {
-                    x86::$k::<$ty, $h, $n, false>(q, sc, nb, pf, x, d, s, sum, sums)
+                    x86::$k::<$ty, $h, $n, false>(q, sc, sub, nb, pf, x, d, s, sum, sum_lo, sums)
                 }
             };
         }
@@ -706,7 +809,10 @@ fn panel_dot(
                 (QType::Q4_0, true) => go!(1, true),
                 (QType::Q4_1, true) => go!(2, true),
                 (QType::Q4_1, false) => go!(2, false),
-                (QType::Q8_0 | QType::Q4_0, false) => unreachable!("Q8_0 and Q4_0 scales are kept as f16"),
+                (QType::Q6K, true) => go!(3, true),
+                (QType::Q8_0 | QType::Q4_0 | QType::Q6K, false) => {
+                    unreachable!("Q8_0, Q4_0 and Q6_K scales are kept as f16")
+                }
             }
         }
         return;
@@ -716,7 +822,7 @@ fn panel_dot(
         let tr = t + i;
         let (x, blocks) = (&xq.q[tr * n_in..(tr + 1) * n_in], tr * nb..(tr + 1) * nb);
         for (r, sum) in row_sums.iter_mut().enumerate() {
-            let row = RowRef { ty: w.ty, qs, dm, r };
+            let row = RowRef { ty: w.ty, qs, dm, sc: subs, r };
             *sum = dot_scalar(row, x, &xq.d[blocks.clone()], &xq.s[blocks.clone()], &xq.sum[blocks.clone()]);
         }
     }
@@ -739,8 +845,15 @@ fn dot_scalar(row: RowRef, x: &[i8], d: &[f32], s: &[f32], sums: &[i32]) -> f32 
                 }
                 if row.ty == QType::Q4_0 { isum - 8 * xsum } else { isum }
             }
+            QType::Q6K => {
+                // scale₀ · Σ₀ (q − 32)·x + scale₁ · Σ₁ (q − 32)·x: |·| ≤ 2·128·16·32·127 < 2²⁴.
+                let sc = row.sub_scales(b);
+                (0..2)
+                    .map(|h| sc[h] * (16 * h..16 * h + 16).map(|i| (q6_value(&q, i) - 32) * xb[i] as i32).sum::<i32>())
+                    .sum()
+            }
         };
-        // |isum| ≤ 32 · 128 · 127 < 2²⁴: exact in f32.
+        // |isum| ≤ 32 · 128 · 127 < 2²⁴ (Q6_K: see above): exact in f32.
         let k = b % LANES;
         acc[k] = (dw * dx).mul_add(isum as f32, acc[k]);
         if row.ty == QType::Q4_1 {
@@ -831,6 +944,9 @@ mod x86 {
     /// integer sums come out one row per lane. It multiplies unsigned by signed bytes:
     /// Q8_0 runs on weights offset by 128 (`w ^ 0x80`), its sum started at `−128 · Σx`;
     /// Q4_0's at `−8 · Σx` (nibbles − 8); Q4_1's at 0, its offsets `m · s` summed after.
+    /// Q6_K (`TY` 3: 24 quant bytes a row, `sub` its half-block i8 scales) sums each half
+    /// in its own chain, started at `−32 · Σx` of that half, then weights the halves by
+    /// their scales (`vpmulld`) before the block's scale.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available and every pointer covers
@@ -840,15 +956,21 @@ mod x86 {
     pub(super) unsafe fn panel_dot_vnni<const TY: u8, const H: bool, const N: usize, const FAR: bool>(
         qs: *const u8,
         dm: *const u8,
+        sub: *const i8,
         nb: usize,
         pf: Prefetch,
         x: *const i8,
         d: *const f32,
         s: *const f32,
         sum: *const i32,
+        sum_lo: *const i32,
         out: &mut [[f32; PANEL]; TOKENS],
     ) {
-        let steps = if TY == 0 { 8 } else { 4 };
+        let steps = match TY {
+            0 => 8,
+            3 => 6,
+            _ => 4,
+        };
         let ns = if TY == 2 { 2 } else { 1 };
         let row_stride = nb * QK;
         let (m4, flip) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(-128));
@@ -878,9 +1000,53 @@ mod x86 {
                         isum[i] = _mm512_set1_epi32(-(xs << 7));
                     } else if TY == 1 {
                         isum[i] = _mm512_set1_epi32(-(xs << 3));
+                    } else if TY == 3 {
+                        let lo = *sum_lo.add(i * nb + b);
+                        isum[i] = _mm512_set1_epi32(-(lo << 5));
+                        isum2[i] = _mm512_set1_epi32(-((xs - lo) << 5));
+                    }
+                }
+                if TY == 3 {
+                    // Q6_K: four steps of low nibbles (values 4st.. and 16 + 4st..), their top
+                    // two bits from the two steps of highs: for value v, byte v % 8 of the
+                    // highs, bits 2·(v / 8), moved to bits 4-5 (16-bit shifts stay within
+                    // each byte for the bits kept by the mask).
+                    for line in 0..6 {
+                        touch::<FAR>(pf, qp.add(64 * line), dm.add(b * PANEL * 2), line == 0);
+                    }
+                    let m30 = _mm512_set1_epi8(0x30);
+                    let qh = [_mm512_loadu_si512(qp.add(256) as *const _), _mm512_loadu_si512(qp.add(320) as *const _)];
+                    for st in 0..4 {
+                        let q = _mm512_loadu_si512(qp.add(64 * st) as *const _);
+                        let h = qh[st % 2];
+                        let (hlo, hhi) = if st < 2 {
+                            (_mm512_slli_epi16::<4>(h), h)
+                        } else {
+                            (_mm512_slli_epi16::<2>(h), _mm512_srli_epi16::<2>(h))
+                        };
+                        let lo = _mm512_or_si512(_mm512_and_si512(q, m4), _mm512_and_si512(hlo, m30));
+                        let hi = _mm512_or_si512(
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
+                            _mm512_and_si512(hhi, m30),
+                        );
+                        for i in 0..N {
+                            isum[i] = _mm512_dpbusd_epi32(isum[i], lo, x4(i, b, 4 * st));
+                            isum2[i] = _mm512_dpbusd_epi32(isum2[i], hi, x4(i, b, 16 + 4 * st));
+                        }
+                    }
+                    let scale_of = |h: usize| {
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128(sub.add((2 * b + h) * PANEL) as *const __m128i))
+                    };
+                    let (s0, s1) = (scale_of(0), scale_of(1));
+                    for i in 0..N {
+                        isum[i] = _mm512_mullo_epi32(isum[i], s0);
+                        isum2[i] = _mm512_mullo_epi32(isum2[i], s1);
                     }
                 }
                 for st in 0..steps {
+                    if TY == 3 {
+                        break;
+                    }
                     touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
                     let q = _mm512_loadu_si512(qp.add(64 * st) as *const _);
                     if TY == 0 {
@@ -949,15 +1115,21 @@ mod x86 {
     pub(super) unsafe fn panel_dot_avx2<const TY: u8, const H: bool, const N: usize, const FAR: bool>(
         qs: *const u8,
         dm: *const u8,
+        sub: *const i8,
         nb: usize,
         pf: Prefetch,
         x: *const i8,
         d: *const f32,
         s: *const f32,
         sum: *const i32,
+        sum_lo: *const i32,
         out: &mut [[f32; PANEL]; TOKENS],
     ) {
-        let steps = if TY == 0 { 8 } else { 4 };
+        let steps = match TY {
+            0 => 8,
+            3 => 6,
+            _ => 4,
+        };
         let ns = if TY == 2 { 2 } else { 1 };
         let row_stride = nb * QK;
         let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
@@ -974,7 +1146,59 @@ mod x86 {
             unsafe {
                 let qp = qs.add(b * PANEL * 4 * steps);
                 let mut isum = [[zero_i; 2]; N];
+                if TY == 3 {
+                    // Q6_K as on VNNI (values rebuilt from nibbles and highs), each half's
+                    // products widened to 32 bits per step (two steps would fit 16 bits, four
+                    // would not), then `− 32 · Σx` and the half's scale.
+                    let m30 = _mm256_set1_epi8(0x30);
+                    for line in 0..6 {
+                        touch::<FAR>(pf, qp.add(64 * line), dm.add(b * PANEL * 2), line == 0);
+                    }
+                    for h in 0..2 {
+                        let qh = [
+                            _mm256_loadu_si256(qp.add(256 + 32 * h) as *const __m256i),
+                            _mm256_loadu_si256(qp.add(320 + 32 * h) as *const __m256i),
+                        ];
+                        let (mut sa, mut sb) = ([zero_i; N], [zero_i; N]);
+                        for st in 0..4 {
+                            let q = _mm256_loadu_si256(qp.add(64 * st + 32 * h) as *const __m256i);
+                            let hh = qh[st % 2];
+                            let (hlo, hhi) = if st < 2 {
+                                (_mm256_slli_epi16::<4>(hh), hh)
+                            } else {
+                                (_mm256_slli_epi16::<2>(hh), _mm256_srli_epi16::<2>(hh))
+                            };
+                            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(hlo, m30));
+                            let hi = _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4),
+                                _mm256_and_si256(hhi, m30),
+                            );
+                            for i in 0..N {
+                                let pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x4(i, b, 4 * st)), ones);
+                                let pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x4(i, b, 16 + 4 * st)), ones);
+                                sa[i] = _mm256_add_epi32(sa[i], pa);
+                                sb[i] = _mm256_add_epi32(sb[i], pb);
+                            }
+                        }
+                        let scale_of = |half: usize| {
+                            _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                sub.add((2 * b + half) * PANEL + 8 * h) as *const __m128i
+                            ))
+                        };
+                        let (s0, s1) = (scale_of(0), scale_of(1));
+                        for i in 0..N {
+                            let lo_sum = *sum_lo.add(i * nb + b);
+                            let hi_sum = *sum.add(i * nb + b) - lo_sum;
+                            let a = _mm256_sub_epi32(sa[i], _mm256_set1_epi32(lo_sum << 5));
+                            let c = _mm256_sub_epi32(sb[i], _mm256_set1_epi32(hi_sum << 5));
+                            isum[i][h] = _mm256_add_epi32(_mm256_mullo_epi32(a, s0), _mm256_mullo_epi32(c, s1));
+                        }
+                    }
+                }
                 for st in 0..steps {
+                    if TY == 3 {
+                        break;
+                    }
                     touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
                     for h in 0..2 {
                         let q = _mm256_loadu_si256(qp.add(64 * st + 32 * h) as *const __m256i);
@@ -1002,7 +1226,7 @@ mod x86 {
                 for h in 0..2 {
                     let dw = scales8::<H>(dm, b * ns * PANEL + 8 * h);
                     for i in 0..N {
-                        let isum = if TY == 0 {
+                        let isum = if TY == 0 || TY == 3 {
                             isum[i][h]
                         } else {
                             let wide = _mm256_madd_epi16(isum[i][h], ones);
