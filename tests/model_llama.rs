@@ -409,7 +409,7 @@ fn smollm2_chats() {
     assert!(cached[0].contains("(0 cached)") && !cached[1].contains("(0 cached)"), "{err}");
 }
 
-/// The default cpu path keeps Q8_0/Q4_0/Q4_1 blocks (Q4_K as Q4_1 sub-blocks, the other
+/// The default cpu path keeps Q8_0/Q4_0/Q4_1/Q6_K blocks (Q4_K as Q4_1 sub-blocks, the other
 /// block types re-quantized to Q8_0) and quantizes activations to 8 bits (llama.cpp's arithmetic): within a few
 /// percent of HF's f32 run at every stage.
 #[test]
@@ -424,10 +424,11 @@ fn quantized_path_stays_close_to_hf() {
         ("tiny-llama", "q4_1", 0.15),
         ("tiny-llama-untied", "q8_0", 0.15),
         ("tiny-llama-untied", "q4_1", 0.15),
-        // No kernel of their own: decoded and re-quantized to Q8_0 blocks at load.
+        // No kernel of its own: decoded and re-quantized to Q8_0 blocks at load.
         ("tiny-llama", "q5_0", 0.15),
+        // Q6_K's own kernels (exact blocks of 32 with the half-block scales).
         ("tiny-llama-k", "q6_k", 0.3),
-        // Q4_K as exact Q4_1 sub-blocks (its Q4_K_M file's Q6_K parts re-quantized).
+        // Q4_K as exact Q4_1 sub-blocks (its Q4_K_M file's Q6_K parts on Q6_K's kernels).
         ("tiny-llama-k", "q4_k", 0.3),
     ];
     for (name, t, tol) in files {

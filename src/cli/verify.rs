@@ -104,13 +104,14 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         };
         // The cpu backend keeps these blocks quantized and quantizes activations to 8 bits.
         if let (Some(ty), BackendChoice::Cpu, DtypeChoice::Auto) = (&quantized, r.args.backend, r.args.dtype) {
-            let native = ["q8_0", "q4_0", "q4_1"].contains(&ty.as_str());
+            let native = ["q8_0", "q4_0", "q4_1", "q6_k"].contains(&ty.as_str());
             r.tolerance =
                 args.tolerance.unwrap_or(if native { tolerance::Q8_ACTIVATIONS } else { tolerance::Q8_REQUANTIZED });
             let requant = match ty.as_str() {
                 _ if native => "",
-                // Held losslessly as Q4_1 sub-blocks; a Q4_K_M file's Q6_K parts are re-quantized.
-                "q4_k" => " (other k-quants re-quantized to q8_0)",
+                // Held losslessly as Q4_1 sub-blocks, its Q6_K parts exactly; Q5 fallbacks
+                // (rows not a multiple of 256) are re-quantized.
+                "q4_k" => " (any q5 parts re-quantized to q8_0)",
                 _ => " re-quantized to q8_0",
             };
             dtype = format!("{ty}{requant} (8-bit activations: llama.cpp's arithmetic; --dtype f32 is HF's)");

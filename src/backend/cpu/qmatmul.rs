@@ -1,5 +1,6 @@
 //! Block-quantized weights kept as the GGUF file stores them (Q8_0, Q4_0, Q4_1; Q4_K as
-//! exact Q4_1 sub-blocks with f32 scales, [`QMatrix::from_q4_k`]), multiplied
+//! exact Q4_1 sub-blocks with f32 scales, [`QMatrix::from_q4_k`]; Q6_K exactly in blocks
+//! of 32 with two i8 half-block scales, [`QMatrix::from_q6_k`]), multiplied
 //! with activations quantized to 8-bit blocks, as llama.cpp does: each 32-value block of a
 //! weight row and of an activation row meet in one integer dot product, scaled once.
 //!
@@ -12,6 +13,7 @@
 //! | Q8_0 (`d`, 32 × i8) | `d_w · d_x · Σ w·q` |
 //! | Q4_0 (`d`, nibbles − 8) | `d_w · d_x · Σ (n − 8)·q` |
 //! | Q4_1 (`d`, `m`, nibbles) | `d_w · d_x · Σ n·q + m_w · s_x` |
+//! | Q6_K (`d`, scales `c₀`, `c₁` of the halves, 6-bit `n`) | `d_w · d_x · (c₀ · Σ₀ (n − 32)·q + c₁ · Σ₁ (n − 32)·q)` |
 //!
 //! The integer sums are exact; only the f32 accumulation over blocks differs from
 //! llama.cpp's order. This is llama.cpp's arithmetic, not HF's: the 8-bit activations cost
