@@ -530,6 +530,8 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
                         assert_eq!(q8.d[r * nb + blk], half::f16::from_f32(d).to_f32(), "quantizer d");
                         let sum: i32 = want_q.iter().map(|&q| q as i32).sum();
                         assert_eq!(q8.s[r * nb + blk], half::f16::from_f32(d * sum as f32).to_f32(), "quantizer s");
+                        let sum_lo: i32 = want_q[..16].iter().map(|&q| q as i32).sum();
+                        assert_eq!((q8.sum[r * nb + blk], q8.sum_lo[r * nb + blk]), (sum, sum_lo), "quantizer sums");
                     }
                     for j in 0..n_out {
                         let (mut want, mut size) = (0f64, 0f64);
@@ -649,6 +651,7 @@ fn quantized_kernels_agree_on_this_pool() {
             (40, 160, 17, 1.0),
             (50, 256, 33, 1.0),
             (48, 576, 32, 1.0),
+            (7, 256, 4, 1.0),
         ]
         .into_iter()
         .enumerate()
@@ -656,7 +659,7 @@ fn quantized_kernels_agree_on_this_pool() {
             if matches!(ty, GgmlType::Q4K | GgmlType::Q6K) && n_in % 256 != 0 {
                 continue;
             }
-            let odd_scales = case == 10;
+            let odd_scales = case == 10 || case == 14; // 14: the k-quants' (256-wide)
             let extreme = case == 5 || case == 9;
             let mut bytes = if ty == GgmlType::Q4K {
                 let mut b: Vec<u8> = (0..n_out * n_in / 256 * 144).map(|_| rng.next_u64() as u8).collect();
@@ -670,8 +673,9 @@ fn quantized_kernels_agree_on_this_pool() {
                 random_blocks(&mut rng, ty, n_out, n_in)
             };
             if ty == GgmlType::Q6K {
-                // Its d comes last; extremes: every q − 32 = −32 and every scale −128, the
-                // block's integer sum at its largest (2·128·16·32·127 < 2²⁴).
+                // Its d comes last; extremes: every q − 32 = −32, every scale −128 and (below)
+                // every activation +127: the block's integer sum at its largest,
+                // 2·128·16·32·127 < 2²⁴.
                 for blk in bytes.chunks_mut(210) {
                     if odd_scales {
                         let r = rng.next_u64() as u16;
@@ -707,7 +711,9 @@ fn quantized_kernels_agree_on_this_pool() {
                     quants[rng.next_u64() as usize % 32] = 0x80;
                 }
             }
-            let x = if extreme {
+            let x = if extreme && ty == GgmlType::Q6K {
+                host(t, n_in, vec![scale; t * n_in])
+            } else if extreme {
                 host(t, n_in, (0..t * n_in).map(|i| if (i * 7) % 3 == 0 { -scale } else { scale }).collect())
             } else {
                 host(t, n_in, normal(&mut rng, t * n_in, scale))

@@ -199,7 +199,7 @@ pub(super) fn quantized_summary(path: &std::path::Path) -> anyhow::Result<Option
     }
     let total: u64 = by_type.iter().map(|(_, n)| n).sum();
     // Every block type runs quantized on the cpu backend (Q8_0/Q4_0/Q4_1 as they are, Q4_K
-    // as Q4_1 sub-blocks, the others re-quantized to Q8_0).
+    // as Q4_1 sub-blocks, Q6_K in blocks of 32, the others re-quantized to Q8_0).
     let float = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
     Ok(by_type
         .iter()

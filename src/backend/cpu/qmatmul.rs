@@ -58,7 +58,8 @@ pub enum QType {
 }
 
 impl QType {
-    /// The types kept quantized; others are decoded to f32 at load.
+    /// The types GGUF stores in 32-value blocks that are kept as they are (Q4_K and Q6_K
+    /// have their own constructors; the rest are re-quantized to Q8_0 at load).
     pub fn from_ggml(t: GgmlType) -> Option<QType> {
         match t {
             GgmlType::Q8_0 => Some(QType::Q8_0),
@@ -68,13 +69,13 @@ impl QType {
         }
     }
 
-    /// Bytes of a 32-value GGUF block (Q6_K's blocks hold 256 values: 210 bytes).
+    /// Bytes of a 32-value GGUF block (Q6_K has none: its blocks hold 256 values).
     pub fn block_bytes(self) -> usize {
         match self {
             QType::Q8_0 => 34,
             QType::Q4_0 => 18,
             QType::Q4_1 => 20,
-            QType::Q6K => 210,
+            QType::Q6K => panic!("q6_k blocks hold 256 values in 210 bytes (QMatrix::from_q6_k)"),
         }
     }
 
@@ -117,13 +118,17 @@ pub const LANES: usize = 4;
 /// - Quants (`qs`), block by block, the panel's sixteen rows together in steps of four
 ///   bytes: `[r0 bytes 0-3][r1 bytes 0-3] … [r15 bytes 0-3][r0 bytes 4-7] …`, each row's
 ///   bytes as the file has them (Q8_0: 32 values; Q4: 16 bytes, value `i` in the low
-///   nibble of byte `i` and value `i + 16` in its high nibble). So one 512-bit load holds
+///   nibble of byte `i` and value `i + 16` in its high nibble; Q6_K, repacked: those 16
+///   bytes of low nibbles, then 8 bytes whose byte `i` holds the top two bits of values
+///   `i`, `i + 8`, `i + 16`, `i + 24` at bits 0, 2, 4, 6). So one 512-bit load holds
 ///   four consecutive bytes of each of the sixteen rows, and one `vpdpbusd` against four
 ///   activation bytes broadcast adds four products into each row's own 32-bit lane: a
 ///   block's integer sums come out one row per lane, with no horizontal adds.
 /// - Scales (`dm`), block by block: the sixteen rows' `d`, then (Q4_1) their `m`. They
 ///   stay f16 as the file has them (the kernels widen them, exactly), but for Q4_K's
 ///   sub-block scales `d · scale`, which need f32.
+/// - Q6_K's half-block i8 scales (`sc`), block by block: the sixteen rows' first-half
+///   scale, then their second-half one.
 pub struct QMatrix {
     pub ty: QType,
     pub n_in: usize,
@@ -201,7 +206,7 @@ struct RowRef<'a> {
 }
 
 impl RowRef<'_> {
-    /// Block `b`: its quants in the file's order (Q4's 16 bytes first, then zeros), its
+    /// Block `b`: its quants as stored (Q4's 16 bytes or Q6_K's 24 first, then zeros), its
     /// scale `d` and its offset `m` (0 but for Q4_1).
     fn block(&self, b: usize) -> ([u8; QK], f32, f32) {
         let (qb, ns) = (self.ty.quant_bytes(), self.ty.scales());
@@ -508,7 +513,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 /// `values` (whole rows of whole blocks) as GGUF Q8_0 blocks, with llama.cpp's rule
 /// (`quantize_row_q8_0`: `d = max|x| / 127` stored as f16, `q = round(x / d)`): how types
-/// without a kernel here (Q5_0, Q5_1, the k-quants) reach the Q8_0 kernel.
+/// without a kernel here (Q5_0, Q5_1, Q5_K) reach the Q8_0 kernel.
 pub fn quantize_q8_0(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() / QK * 34);
     values.chunks_exact(QK).for_each(|block| crate::quant::encode::q8_0(block, &mut out));
@@ -532,7 +537,7 @@ pub struct Q8Rows {
     /// The 8-bit values, within ±127 (never −128: the AVX2 Q8_0 kernel's sign trick
     /// relies on it).
     pub q: Vec<i8>,
-    /// Scratch of `quantize_rows` on the team: `(d, s, Σq)` per block, kept so warm
+    /// Scratch of `quantize_rows`: `(d, s, Σq, Σq of the first 16)` per block, kept so warm
     /// decode steps do not allocate.
     meta: Vec<BlockMeta>,
 }
