@@ -293,9 +293,9 @@ fn matmul_impl(
     if rows <= SKINNY_MAX_ROWS && causal == Causal::None && threads > 1 && w.n_panels >= threads {
         // Decode-sized work (one to a few dozen rows, a few hundred microseconds): one
         // contiguous run of panels per thread on the spinning team, which starts within a
-        // microsecond where a rayon region costs a wake-up.
-        let part = |p: usize| run(w.n_panels * p / threads..w.n_panels * (p + 1) / threads);
-        if super::team::run(threads, &part) {
+        // microsecond where a rayon region costs a wake-up; a thread done early helps
+        // finish the others' runs from their ends.
+        if super::team::run_balanced(w.n_panels, 4, 2, &|r| run(r)) {
             return;
         }
     }

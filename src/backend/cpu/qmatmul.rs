@@ -696,10 +696,10 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
     };
     let threads = rayon::current_num_threads();
     if t_rows <= TEAM_MAX_ROWS && threads > 1 {
-        // Decode: contiguous runs of panels per thread, on the spinning team. (Threads
-        // taking short runs from a shared counter balanced better but read memory slower.)
-        let part = |k: usize| (n_panels * k / threads..n_panels * (k + 1) / threads).for_each(panel_rows);
-        if super::team::run(threads, &part) {
+        // Decode: contiguous runs of panels per thread, on the spinning team, a thread done
+        // early finishing the others' runs from their ends. (Threads taking short runs from
+        // one shared counter balanced well but read memory slower: the streams broke up.)
+        if super::team::run_balanced(n_panels, 4, 2, &|r| r.for_each(panel_rows)) {
             return;
         }
     }

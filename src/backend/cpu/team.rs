@@ -11,11 +11,14 @@
 //! idle team costs nothing.
 //!
 //! [`run`] splits `n_parts` parts over the caller and `threads − 1` helpers (`threads` =
-//! the current rayon pool's size, i.e. `-t`) and returns when all are done. A team busy
+//! the current rayon pool's size, i.e. `-t`) and returns when all are done;
+//! [`run_balanced`] gives each thread a contiguous run of items and lets a thread done
+//! early finish the others' from their ends; [`split_mut`] and [`split2_mut`] cut slices
+//! into one run per thread for a decode step's row-wise work. A team busy
 //! with another caller (tests run in parallel) is not waited for: the caller falls back to
 //! rayon.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -201,6 +204,69 @@ pub fn run(n_parts: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     true
 }
 
+/// Teams up to this size balance [`run_balanced`] work (one cursor each, on the stack).
+const BALANCE_MAX_THREADS: usize = 16;
+
+/// A run `front..back` of items in one atomic word (front in the high half).
+fn pack(front: usize, back: usize) -> u64 {
+    (front as u64) << 32 | back as u64
+}
+
+fn unpack(v: u64) -> (usize, usize) {
+    ((v >> 32) as usize, (v & 0xFFFF_FFFF) as usize)
+}
+
+/// Take up to `n` items from the front (`from_back` false) or the back of a run.
+fn take(cursor: &AtomicU64, n: usize, from_back: bool) -> Option<std::ops::Range<usize>> {
+    let mut v = cursor.load(Ordering::Acquire);
+    loop {
+        let (front, back) = unpack(v);
+        if front >= back {
+            return None;
+        }
+        let (next, range) = if from_back {
+            let cut = back.saturating_sub(n).max(front);
+            (pack(front, cut), cut..back)
+        } else {
+            let cut = (front + n).min(back);
+            (pack(cut, back), front..cut)
+        };
+        match cursor.compare_exchange_weak(v, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return Some(range),
+            Err(now) => v = now,
+        }
+    }
+}
+
+/// `f(range)` over `0..n` on the team: thread `p` reads its contiguous run (the `p`-th of
+/// `threads` equal runs) front to back, `own` items a claim, then helps the others
+/// finish theirs from the back, `steal` items a claim. So each run stays one forward
+/// stream for its owner (as the hardware prefetcher likes), and a thread that a slower
+/// core or a late start left behind is helped instead of waited for. Every item is
+/// claimed exactly once (compare-and-swap on each run's `front..back`). Returns `false`
+/// without running anything when no team is free (or it is larger than 16, or `n`
+/// does not fit 32 bits): the caller then uses rayon.
+pub fn run_balanced(n: usize, own: usize, steal: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) -> bool {
+    let threads = rayon::current_num_threads();
+    if threads > BALANCE_MAX_THREADS || n > u32::MAX as usize {
+        return false;
+    }
+    let cursors: [AtomicU64; BALANCE_MAX_THREADS] = std::array::from_fn(|p| {
+        AtomicU64::new(if p < threads { pack(n * p / threads, n * (p + 1) / threads) } else { 0 })
+    });
+    let part = |p: usize| {
+        while let Some(r) = take(&cursors[p], own.max(1), false) {
+            f(r);
+        }
+        for k in 1..threads {
+            while let Some(r) = take(&cursors[(p + k) % threads], steal.max(1), true) {
+                f(r);
+            }
+        }
+    };
+    run(threads, &part)
+}
+
 /// Row-wise work of up to this many rows (a decode step, alone or batched) runs on the
 /// team through [`split_mut`] and [`split2_mut`]: a rayon region would cost a worker's
 /// wake-up, more than the work, and leave the team's helper yielding beside it.
@@ -297,6 +363,31 @@ mod tests {
         }
         while !run(n, &count) {}
         assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 2));
+    }
+
+    /// Balanced runs hand out every item exactly once, whatever `n` and the claim sizes,
+    /// with one thread slowed down so the other steals from its run.
+    #[test]
+    fn balanced_runs_cover_every_item_once() {
+        let threads = rayon::current_num_threads();
+        if team(threads).is_none() {
+            eprintln!("SKIP: no team for {threads} threads on this machine");
+            return;
+        }
+        for (n, own, steal) in [(0, 4, 2), (1, 4, 2), (3, 1, 1), (97, 4, 2), (1000, 7, 3), (64, 0, 0)] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            let first_claim = AtomicBool::new(true);
+            let f = |r: std::ops::Range<usize>| {
+                if r.start == 0 && first_claim.swap(false, Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5)); // thread 0 lags: others steal
+                }
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::SeqCst);
+                }
+            };
+            while !run_balanced(n, own, steal, &f) {} // another test may hold the team
+            assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1), "n {n}: {hits:?}");
+        }
     }
 
     /// Every piece is visited exactly once, with the right index, whatever the sizes (a
