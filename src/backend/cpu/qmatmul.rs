@@ -239,6 +239,20 @@ fn scale_index(ns: usize, b: usize, kind: usize, r: usize) -> usize {
     (b * ns + kind) * PANEL + r
 }
 
+/// Bytes of one row of a k-quant matrix (super-blocks of 256 values, `block` bytes each),
+/// checked: whole super-blocks, and exactly `n_out` rows in `len` bytes.
+fn k_quant_row_bytes(name: &str, block: usize, n_out: usize, n_in: usize, len: usize) -> Result<usize, String> {
+    const QK_K: usize = 256;
+    if n_in == 0 || !n_in.is_multiple_of(QK_K) {
+        return Err(format!("{name}: rows of {n_in} values are not whole blocks of {QK_K}"));
+    }
+    let row_bytes = n_in / QK_K * block;
+    if Some(len) != row_bytes.checked_mul(n_out) {
+        return Err(format!("{name}: {len} bytes for {n_out} rows of {row_bytes}"));
+    }
+    Ok(row_bytes)
+}
+
 /// Rows re-blocked between two calls of the loader's `done` in [`QMatrix::new_with`].
 const RELEASE_ROWS: usize = 512;
 
@@ -297,15 +311,8 @@ impl QMatrix {
         bytes: &[u8],
         mut done: impl FnMut(&[u8]),
     ) -> Result<Self, String> {
-        const QK_K: usize = 256;
         const BLOCK: usize = 144;
-        if n_in == 0 || !n_in.is_multiple_of(QK_K) {
-            return Err(format!("q4_k: rows of {n_in} values are not whole blocks of {QK_K}"));
-        }
-        let row_bytes = n_in / QK_K * BLOCK;
-        if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
-            return Err(format!("q4_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
-        }
+        let row_bytes = k_quant_row_bytes("q4_k", BLOCK, n_out, n_in, bytes.len())?;
         let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], _: &mut [i8; 2]| {
             // Sub-block b of the row: sub-block b % 8 of super-block b / 8.
             let blk = &bytes[j * row_bytes + b / 8 * BLOCK..][..BLOCK];
@@ -342,15 +349,8 @@ impl QMatrix {
         bytes: &[u8],
         mut done: impl FnMut(&[u8]),
     ) -> Result<Self, String> {
-        const QK_K: usize = 256;
         const BLOCK: usize = 210;
-        if n_in == 0 || !n_in.is_multiple_of(QK_K) {
-            return Err(format!("q6_k: rows of {n_in} values are not whole blocks of {QK_K}"));
-        }
-        let row_bytes = n_in / QK_K * BLOCK;
-        if Some(bytes.len()) != row_bytes.checked_mul(n_out) {
-            return Err(format!("q6_k: {} bytes for {n_out} rows of {row_bytes}", bytes.len()));
-        }
+        let row_bytes = k_quant_row_bytes("q6_k", BLOCK, n_out, n_in, bytes.len())?;
         let fill = |j: usize, b: usize, q: &mut [u8], dm: &mut [f32; 2], sc: &mut [i8; 2]| {
             // Block b of the row: values 32·(b % 8) .. + 32 of super-block b / 8, whose
             // value u sits in half n = u / 128 as Q6_K interleaves them (see `quant`).
