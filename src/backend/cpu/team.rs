@@ -13,7 +13,7 @@
 //! [`run`] splits `n_parts` parts over the caller and `threads − 1` helpers (`threads` =
 //! the current rayon pool's size, i.e. `-t`) and returns when all are done;
 //! [`run_balanced`] gives each thread a contiguous run of items and lets a thread done
-//! early finish the others' from their ends; [`split_mut`] and [`split2_mut`] cut slices
+//! early finish the others' from their ends (teams of up to 16); [`split_mut`] and [`split2_mut`] cut slices
 //! into one run per thread for a decode step's row-wise work. A team busy
 //! with another caller (tests run in parallel) is not waited for: the caller falls back to
 //! rayon.
@@ -228,7 +228,7 @@ fn take(cursor: &AtomicU64, n: usize, from_back: bool) -> Option<std::ops::Range
             let cut = back.saturating_sub(n).max(front);
             (pack(front, cut), cut..back)
         } else {
-            let cut = (front + n).min(back);
+            let cut = front.saturating_add(n).min(back);
             (pack(cut, back), front..cut)
         };
         match cursor.compare_exchange_weak(v, next, Ordering::AcqRel, Ordering::Acquire) {
@@ -243,17 +243,18 @@ fn take(cursor: &AtomicU64, n: usize, from_back: bool) -> Option<std::ops::Range
 /// finish theirs from the back, `steal` items a claim. So each run stays one forward
 /// stream for its owner (as the hardware prefetcher likes), and a thread that a slower
 /// core or a late start left behind is helped instead of waited for. Every item is
-/// claimed exactly once (compare-and-swap on each run's `front..back`). Returns `false`
-/// without running anything when no team is free (or it is larger than 16, or `n`
-/// does not fit 32 bits): the caller then uses rayon.
+/// claimed exactly once (compare-and-swap on each run's `front..back`). A team larger
+/// than 16, or more than 2³² items, gets the plain runs without the help. Returns `false`
+/// without running anything when no team is free: the caller then uses rayon.
 pub fn run_balanced(n: usize, own: usize, steal: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) -> bool {
     let threads = rayon::current_num_threads();
+    // Run p's start, in 64 bits (no overflow of n · p on 32-bit targets).
+    let start = |p: usize| (n as u64 * p as u64 / threads.max(1) as u64) as usize;
     if threads > BALANCE_MAX_THREADS || n > u32::MAX as usize {
-        return false;
+        return run(threads, &|p| f(start(p)..start(p + 1)));
     }
-    let cursors: [AtomicU64; BALANCE_MAX_THREADS] = std::array::from_fn(|p| {
-        AtomicU64::new(if p < threads { pack(n * p / threads, n * (p + 1) / threads) } else { 0 })
-    });
+    let cursors: [AtomicU64; BALANCE_MAX_THREADS] =
+        std::array::from_fn(|p| AtomicU64::new(if p < threads { pack(start(p), start(p + 1)) } else { 0 }));
     let part = |p: usize| {
         while let Some(r) = take(&cursors[p], own.max(1), false) {
             f(r);
