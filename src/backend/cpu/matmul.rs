@@ -908,9 +908,11 @@ mod tests {
                                 }
                                 let want = if gelu { simd::gelu_scalar(want as f32) } else { want as f32 };
                                 let got = out[r * n_out + j];
-                                // f32 rounding grows with the sum's terms (~1e-5 at 1600).
+                                // f32 rounding grows with the sum's terms (~1e-5 at 1600): the
+                                // long sums get that much more; the others keep the plain bound.
+                                let long = if n_in > 1024 { 1e-7 * magnitude as f32 } else { 0.0 };
                                 assert!(
-                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) + 1e-7 * magnitude as f32,
+                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) + long,
                                     "{isa:?} {dtype:?} {rows}x{n_in}->{n_out} gelu {gelu} [{r},{j}]: {got} vs {want}"
                                 );
                             }

@@ -262,7 +262,7 @@ impl TaskOut {
 /// Below this many (query value × key) products, or for a decode step's few rows
 /// ([`team::SPLIT_MAX_ROWS`]), decode attention runs on the spinning team (or one thread)
 /// rather than rayon.
-const PARALLEL_ATTENTION_WORK: usize = 1 << 24;
+const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
 
 /// Sequences with at least this many new rows use matmul-shaped attention.
 const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;

@@ -1050,10 +1050,8 @@ mod x86 {
                         isum2[i] = _mm512_mullo_epi32(isum2[i], s1);
                     }
                 }
-                for st in 0..steps {
-                    if TY == 3 {
-                        break;
-                    }
+                // (Q6_K's steps were done above.)
+                for st in 0..if TY == 3 { 0 } else { steps } {
                     touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
                     let q = _mm512_loadu_si512(qp.add(64 * st) as *const _);
                     if TY == 0 {
@@ -1202,10 +1200,8 @@ mod x86 {
                         }
                     }
                 }
-                for st in 0..steps {
-                    if TY == 3 {
-                        break;
-                    }
+                // (Q6_K's steps were done above.)
+                for st in 0..if TY == 3 { 0 } else { steps } {
                     touch::<FAR>(pf, qp.add(64 * st), dm.add(b * ns * PANEL * if H { 2 } else { 4 }), st == 0);
                     for h in 0..2 {
                         let q = _mm256_loadu_si256(qp.add(64 * st + 32 * h) as *const __m256i);

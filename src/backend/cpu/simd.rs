@@ -597,7 +597,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// Needs AVX2, FMA and F16C; `rows.len() == scores.len() * q.len()`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_rows<T: Elem>(q: &[f32], rows: &[T], scale: f32, scores: &mut [f32]) {
+    pub(crate) unsafe fn dot_rows<T: super::KvElem>(q: &[f32], rows: &[T], scale: f32, scores: &mut [f32]) {
         let n = q.len();
         for (j, sc) in scores.iter_mut().enumerate() {
             // SAFETY: row j is inside `rows` (the caller's shape); `dot_by` inlines here.
@@ -608,7 +608,7 @@ pub(crate) mod x86 {
     /// # Safety
     /// Needs AVX2, FMA and F16C; `rows.len() == p.len() * out.len()`.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_rows<T: Elem>(p: &[f32], rows: &[T], out: &mut [f32]) {
+    pub(crate) unsafe fn weighted_rows<T: super::KvElem>(p: &[f32], rows: &[T], out: &mut [f32]) {
         let n = out.len();
         let r = rows.as_ptr();
         // Columns in strips of up to 64 held in eight registers across all rows; each term
@@ -634,7 +634,7 @@ pub(crate) mod x86 {
         for (i, o) in out.iter_mut().enumerate().skip(c) {
             let mut acc = 0.0f32;
             for (j, &pj) in p.iter().enumerate() {
-                acc += pj * rows[j * n + i].get();
+                acc += pj * rows[j * n + i].widen();
             }
             *o = acc;
         }
@@ -647,7 +647,6 @@ pub(crate) mod x86 {
         /// # Safety
         /// Eight elements are readable at `p`; AVX2, FMA and F16C are available.
         unsafe fn load8(p: *const Self) -> __m256;
-        fn get(self) -> f32;
     }
 
     impl Elem for f32 {
@@ -655,10 +654,6 @@ pub(crate) mod x86 {
         unsafe fn load8(p: *const f32) -> __m256 {
             // SAFETY: the caller's contract.
             unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        fn get(self) -> f32 {
-            self
         }
     }
 
@@ -668,16 +663,12 @@ pub(crate) mod x86 {
             // SAFETY: the caller's contract (F16C included).
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
         }
-        #[inline(always)]
-        fn get(self) -> f32 {
-            self.to_f32()
-        }
     }
 
     /// # Safety
     /// `a.len() == b.len()`; AVX2, FMA and F16C are available.
     #[inline(always)]
-    unsafe fn dot_by<T: Elem>(a: &[f32], b: &[T]) -> f32 {
+    unsafe fn dot_by<T: super::KvElem>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         // SAFETY (all loads): i + 32 <= n or i + 8 <= n, both slices have n elements.
@@ -697,7 +688,7 @@ pub(crate) mod x86 {
             let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
             let mut s = hsum(v);
             while i < n {
-                s += a[i] * b[i].get();
+                s += a[i] * b[i].widen();
                 i += 1;
             }
             s
