@@ -626,8 +626,8 @@ fn quantized_kernels_agree_on_this_pool() {
     let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
-        // Shapes: partial panels of 7, 13, 4 rows; remainders of 1-3 rows past chunks of
-        // four (two on AVX2); (70, 512, 9) runs five panels on the thread team. Case 5 has every
+        // Shapes: partial panels of 7, 13, 4 rows; remainders of 1-7 rows past chunks of
+        // eight (of four, then 1-3; two on AVX2); (70, 512, 9) runs five panels on the thread team. Case 5 has every
         // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
         // three end rows in a partial quad of 3, 2 and 1 blocks (not for Q4_K's 256-wide
         // super-blocks, always whole quads); the next two do so at the extremes (a single
@@ -646,7 +646,7 @@ fn quantized_kernels_agree_on_this_pool() {
             (5, 96, 3, 1e2),
             (9, 576, 2, 1.0),
             (3, 160, 5, 1e-2),
-            (5, 64, 3, 1.0),
+            (5, 64, 11, 1.0),
             (7, 160, 4, 1.0),
             (40, 160, 17, 1.0),
             (50, 256, 33, 1.0),
