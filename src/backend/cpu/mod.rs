@@ -600,7 +600,7 @@ impl Backend for CpuBackend {
 
     fn swiglu(&self, x: &CpuAct) -> CpuAct {
         let (isa, f) = (self.opts.isa, x.cols / 2);
-        let mut out = self.take(x.rows, f);
+        let mut out = self.take_to_overwrite(x.rows, f); // `simd::swiglu` writes every element
         map_rows(x, x.cols, &mut out, f, |xr, or| {
             simd::swiglu(isa, &xr[..f], &xr[f..2 * f], or);
         });
