@@ -626,16 +626,17 @@ fn quantized_kernels_agree_on_this_pool() {
     let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
-        // Shapes: partial panels of 7, 13, 4 rows; remainders of 1-7 rows past chunks of
-        // eight (of four, then 1-3; two on AVX2); (70, 512, 9) runs five panels on the thread team. Case 5 has every
-        // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127). The last
-        // three end rows in a partial quad of 3, 2 and 1 blocks (not for Q4_K's 256-wide
-        // super-blocks, always whole quads); the next two do so at the extremes (a single
-        // partial quad of 2 and of 1 block, every weight and activation extreme), and with
-        // random f16 scales of any sign and size, subnormals and zeros included (the SIMD
-        // paths widen them with `vcvtph2ps`, the portable one in software). The last three
-        // are batched decode: 17 and 32 rows over three panels of 16 (the first partial)
-        // on the thread team, and 33 rows past the team's limit (rayon).
+        // Shapes: partial panels of 7, 13, 4 rows; rows in chunks of eight, then of four,
+        // then 1-3 (VNNI; two at a time on AVX2): 5-7, 9, 11, 13, 14, 17, 33 rows;
+        // (70, 512, 9) runs five panels on the thread team. Cases 5 and 9 have every
+        // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127), case 9
+        // with 11 rows (a chunk of eight, then three). Cases 6-8 end rows in a partial quad
+        // of 3, 2 and 1 blocks (not for Q4_K's 256-wide super-blocks, always whole quads);
+        // cases 10 and 14 have random f16 scales of any sign and size, subnormals and
+        // zeros included (the SIMD paths widen them with `vcvtph2ps`, the portable one in
+        // software). Cases 11-13 are batched decode: 17 and 32 rows over three panels of 16
+        // (the first partial) on the thread team, and 33 rows past the team's limit
+        // (rayon); 15 and 16 run 13 and 14 rows (8 + 4 + 1, 8 + 4 + 2).
         for (case, (n_out, n_in, t, scale)) in [
             (7, 256, 7, 1.0),
             (13, 512, 6, 1e3),
@@ -652,6 +653,8 @@ fn quantized_kernels_agree_on_this_pool() {
             (50, 256, 33, 1.0),
             (48, 576, 32, 1.0),
             (7, 256, 4, 1.0),
+            (21, 256, 13, 1.0),
+            (9, 512, 14, 1e2),
         ]
         .into_iter()
         .enumerate()

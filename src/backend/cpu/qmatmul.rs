@@ -35,8 +35,8 @@
 //! `maddubs` + `madd`, eight rows per 256-bit register) adds four products into each row's
 //! own 32-bit lane. A block's integer sums thus come out one row per lane, with no
 //! transposes or horizontal adds, and are scaled by one vector multiply and FMA per block
-//! and activation row. Each weight block, loaded and unpacked once, meets four activation
-//! rows (two on AVX2). Measured in `docs/benchmarks.md` ("Sixteen-row panels").
+//! and activation row. Each weight block, loaded and unpacked once, meets up to eight
+//! activation rows (two on AVX2). Measured in `docs/benchmarks.md` ("Sixteen-row panels").
 
 use half::f16;
 use rayon::prelude::*;
@@ -651,7 +651,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
     meta.clear();
     meta.resize(rows * nb, (0.0, 0.0, 0, 0));
     #[cfg(target_arch = "x86_64")]
-    let wide = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw");
+    let wide = super::simd::Isa::avx512().is_some(); // F/BW/VL, AVX2, FMA, F16C
     // Rows `first ..` of `x` into their quants `q` and block metadata `m`.
     let run = |first: usize, q: &mut [i8], m: &mut [BlockMeta]| {
         let xs = &x[first * n..first * n + q.len()];
@@ -661,7 +661,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, n: usize, out: &mut Q8Rows) {
             #[cfg(target_arch = "x86_64")]
             {
                 *mb = if wide {
-                    // SAFETY: the CPU has AVX-512 F and BW (detected above).
+                    // SAFETY: the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C (detected above).
                     unsafe { quantize_block_avx512(xb, qb) }
                 } else {
                     quantize_block(xb, qb)
@@ -723,8 +723,9 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
     let n_panels = n_out.div_ceil(PANEL);
     let chunk = if isa.has_vnni() { TOKENS } else { TOKENS_AVX2 };
     // Panel p against every activation row, `chunk` rows a call, written to the output.
-    // (`sums`: the kernel's output, one per run of panels: zeroing it for each panel, a
-    // `memset` call, showed in batched-decode profiles.)
+    // (`sums`: the kernel's output, one per claim of panels — four, or two when helping
+    // — rather than one per panel: zeroing it, a `memset` call, showed in batched-decode
+    // profiles.)
     let panel_rows = |p: usize, sums: &mut [[f32; PANEL]; TOKENS]| {
         let cols = (n_out - p * PANEL).min(PANEL);
         let mut t = 0;
@@ -800,8 +801,8 @@ enum Ahead {
     NextPanel,
 }
 
-/// The sixteen rows of panel `p` against activation rows `t .. t + n` (1 ≤ n ≤
-/// [`TOKENS`], ≤ [`TOKENS_AVX2`] on the AVX2 kernel): `sums[i][r]` = row `16p + r` ·
+/// The sixteen rows of panel `p` against activation rows `t .. t + n` (n in 1..=4 or
+/// [`TOKENS`] = 8; n ≤ [`TOKENS_AVX2`] on the AVX2 kernel): `sums[i][r]` = row `16p + r` ·
 /// activation row `t + i` (rows past the matrix's end, zero padding, give zeros).
 #[allow(clippy::too_many_arguments)]
 fn panel_dot(
@@ -1346,7 +1347,7 @@ mod tests {
     #[test]
     fn avx512_block_quantizer_equals_the_portable_one() {
         use super::{QK, quantize_block, quantize_block_avx512};
-        if !(std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")) {
+        if crate::backend::cpu::simd::Isa::avx512().is_none() {
             eprintln!("SKIP: no AVX-512 on this CPU");
             return;
         }
@@ -1362,7 +1363,9 @@ mod tests {
             let scale = 10f32.powi((next() % 80) as i32 - 40);
             let mut b: [f32; QK] = std::array::from_fn(|_| ((next() % 20001) as f32 / 10000.0 - 1.0) * scale);
             match case % 10 {
-                0 => b = std::array::from_fn(|i| (i as f32 - 15.5) * 127.0 / 16.0), // ties
+                // Ties: the largest magnitude 127, so d = 1 and every other value, k + ½,
+                // quantizes from an exact half.
+                0 => b = std::array::from_fn(|i| if i == 31 { 127.0 } else { i as f32 - 15.5 }),
                 1 => b[(next() % 32) as usize] = f32::NAN,
                 2 => b[(next() % 32) as usize] = f32::INFINITY,
                 3 => b = [0.0; QK],
@@ -1376,7 +1379,7 @@ mod tests {
         for b in &blocks {
             let (mut qa, mut qb) = ([0i8; QK], [0i8; QK]);
             let want = quantize_block(b, &mut qa);
-            // SAFETY: AVX-512 F and BW detected above.
+            // SAFETY: AVX-512 F/BW/VL, AVX2, FMA and F16C detected above.
             let got = unsafe { quantize_block_avx512(b, &mut qb) };
             assert_eq!(qa, qb, "quants of {b:?}");
             let same = |x: f32, y: f32| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());

@@ -126,9 +126,11 @@ impl Isa {
     pub fn features(self) -> &'static str {
         match self.0 {
             IsaKind::Avx512Vnni => {
-                "AVX-512 F/BW/VL prefill GEMM, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
+                "AVX-512 F/BW/VL prefill GEMM and attention rows, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
             }
-            IsaKind::Avx512 => "AVX-512 F/BW/VL prefill GEMM; AVX2/FMA/F16C decode GEMV, quantized dots and elsewhere",
+            IsaKind::Avx512 => {
+                "AVX-512 F/BW/VL prefill GEMM and attention rows; AVX2/FMA/F16C decode GEMV, quantized dots and elsewhere"
+            }
             IsaKind::Avx2 => "AVX2/FMA/F16C",
             IsaKind::Portable => "auto-vectorized Rust",
         }
@@ -656,7 +658,7 @@ pub(crate) mod x86 {
     /// sixteen) and `[acc₂ | acc₃]` (its last sixteen), so every lane sees the same
     /// products in the same order; the eight-wide tail steps go to `acc₀`'s lanes (a
     /// masked FMA), and `(acc₀ + acc₁) + (acc₂ + acc₃)` is formed from the halves before
-    /// the same [`hsum`]. The query stays in registers across keys when it fits.
+    /// the same [`hsum`].
     ///
     /// # Safety
     /// Needs AVX-512 F, AVX2, FMA and F16C; `rows.len() == scores.len() * q.len()`.
