@@ -126,11 +126,9 @@ impl Isa {
     pub fn features(self) -> &'static str {
         match self.0 {
             IsaKind::Avx512Vnni => {
-                "AVX-512 F/BW/VL prefill GEMM and attention rows, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
+                "AVX-512 F/BW/VL prefill GEMM, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
             }
-            IsaKind::Avx512 => {
-                "AVX-512 F/BW/VL prefill GEMM and attention rows; AVX2/FMA/F16C decode GEMV, quantized dots and elsewhere"
-            }
+            IsaKind::Avx512 => "AVX-512 F/BW/VL prefill GEMM; AVX2/FMA/F16C decode GEMV, quantized dots and elsewhere",
             IsaKind::Avx2 => "AVX2/FMA/F16C",
             IsaKind::Portable => "auto-vectorized Rust",
         }
@@ -261,12 +259,6 @@ pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, scores: 
     let n = q.len();
     assert_eq!(rows.len(), scores.len() * n, "dot_rows: shapes");
     #[cfg(target_arch = "x86_64")]
-    if isa.is_avx512() {
-        // SAFETY: an AVX-512 `Isa` exists only where detection found avx512f (and AVX2,
-        // FMA, F16C); shapes checked.
-        return unsafe { x86::dot_rows512(q, rows, scale, scores) };
-    }
-    #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
         return unsafe { x86::dot_rows(q, rows, scale, scores) };
@@ -282,11 +274,6 @@ pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, scores: 
 pub fn weighted_rows<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32]) {
     let n = out.len();
     assert_eq!(rows.len(), p.len() * n, "weighted_rows: shapes");
-    #[cfg(target_arch = "x86_64")]
-    if isa.is_avx512() {
-        // SAFETY: as in `dot_rows`.
-        return unsafe { x86::weighted_rows512(p, rows, out) };
-    }
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
@@ -653,92 +640,6 @@ pub(crate) mod x86 {
         }
     }
 
-    /// [`dot_rows`] sixteen lanes wide, the same bits: [`dot_by`]'s four accumulators of
-    /// eight lanes held as two registers, `[acc₀ | acc₁]` (each 32-element stretch's first
-    /// sixteen) and `[acc₂ | acc₃]` (its last sixteen), so every lane sees the same
-    /// products in the same order; the eight-wide tail steps go to `acc₀`'s lanes (a
-    /// masked FMA), and `(acc₀ + acc₁) + (acc₂ + acc₃)` is formed from the halves before
-    /// the same [`hsum`].
-    ///
-    /// # Safety
-    /// Needs AVX-512 F, AVX2, FMA and F16C; `rows.len() == scores.len() * q.len()`.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_rows512<T: super::KvElem>(q: &[f32], rows: &[T], scale: f32, scores: &mut [f32]) {
-        let n = q.len();
-        let (pq, pr) = (q.as_ptr(), rows.as_ptr());
-        let (full, eights) = (n / 32 * 32, n / 8 * 8);
-        for (j, sc) in scores.iter_mut().enumerate() {
-            // SAFETY (all loads): i + 32 ≤ full ≤ n or i + 8 ≤ eights ≤ n; row j is inside
-            // `rows` (the caller's shape).
-            unsafe {
-                let row = pr.add(j * n);
-                let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                let mut i = 0;
-                while i < full {
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i)), T::load16(row.add(i)), a);
-                    b = _mm512_fmadd_ps(_mm512_loadu_ps(pq.add(i + 16)), T::load16(row.add(i + 16)), b);
-                    i += 32;
-                }
-                while i < eights {
-                    let x = _mm512_castps256_ps512(_mm256_loadu_ps(pq.add(i)));
-                    let y = _mm512_castps256_ps512(T::load8(row.add(i)));
-                    a = _mm512_mask3_fmadd_ps(x, y, a, 0x00FF);
-                    i += 8;
-                }
-                let half = |v: __m512| {
-                    _mm256_add_ps(
-                        _mm512_castps512_ps256(v),
-                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-                    )
-                };
-                let mut s = hsum(_mm256_add_ps(half(a), half(b)));
-                while i < n {
-                    s += *pq.add(i) * (*row.add(i)).widen();
-                    i += 1;
-                }
-                *sc = s * scale;
-            }
-        }
-    }
-
-    /// [`weighted_rows`] sixteen lanes wide (strips of up to 128 columns in eight
-    /// registers): each output element is still `Σ_j p[j] · row_j[c]` from zero in `j`
-    /// order with a multiply then an add per term, so the bits are the same.
-    ///
-    /// # Safety
-    /// Needs AVX-512 F, AVX2, FMA and F16C; `rows.len() == p.len() * out.len()`.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_rows512<T: super::KvElem>(p: &[f32], rows: &[T], out: &mut [f32]) {
-        let n = out.len();
-        let r = rows.as_ptr();
-        let mut c = 0;
-        while c + 16 <= n {
-            let w = ((n - c) / 16).min(8);
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (j, &pj) in p.iter().enumerate() {
-                let pv = _mm512_set1_ps(pj);
-                for (u, a) in acc.iter_mut().enumerate().take(w) {
-                    // SAFETY: j < p.len() and c + 16u + 16 ≤ n, so the 16 values are in row j.
-                    let v = unsafe { T::load16(r.add(j * n + c + 16 * u)) };
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, v));
-                }
-            }
-            for (u, a) in acc.iter().enumerate().take(w) {
-                // SAFETY: c + 16u + 16 ≤ n.
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * u), *a) };
-            }
-            c += 16 * w;
-        }
-        // The last columns (fewer than 16; none for head sizes that are multiples of 16).
-        for (i, o) in out.iter_mut().enumerate().skip(c) {
-            let mut acc = 0.0f32;
-            for (j, &pj) in p.iter().enumerate() {
-                acc += pj * rows[j * n + i].widen();
-            }
-            *o = acc;
-        }
-    }
-
     /// An element type the row kernels read: f32, or f16 widened exactly (F16C).
     pub trait Elem: Copy {
         /// Eight elements from `p`, as f32.
@@ -746,12 +647,6 @@ pub(crate) mod x86 {
         /// # Safety
         /// Eight elements are readable at `p`; AVX2, FMA and F16C are available.
         unsafe fn load8(p: *const Self) -> __m256;
-
-        /// Sixteen elements from `p`, as f32.
-        ///
-        /// # Safety
-        /// Sixteen elements are readable at `p`; AVX-512 F and F16C are available.
-        unsafe fn load16(p: *const Self) -> __m512;
     }
 
     impl Elem for f32 {
@@ -760,12 +655,6 @@ pub(crate) mod x86 {
             // SAFETY: the caller's contract.
             unsafe { _mm256_loadu_ps(p) }
         }
-
-        #[inline(always)]
-        unsafe fn load16(p: *const f32) -> __m512 {
-            // SAFETY: the caller's contract.
-            unsafe { _mm512_loadu_ps(p) }
-        }
     }
 
     impl Elem for half::f16 {
@@ -773,12 +662,6 @@ pub(crate) mod x86 {
         unsafe fn load8(p: *const half::f16) -> __m256 {
             // SAFETY: the caller's contract (F16C included).
             unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
-        }
-
-        #[inline(always)]
-        unsafe fn load16(p: *const half::f16) -> __m512 {
-            // SAFETY: the caller's contract (AVX-512 F included).
-            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
         }
     }
 
@@ -1004,7 +887,7 @@ mod tests {
     }
 
     /// The attention row kernels give the bits of the per-row `dot` and `axpy` loops they
-    /// replace, on every path, for widths around the 8-, 16-, 32-, 64- and 128-column strips.
+    /// replace, on every path, for widths around the 8- and 64-column strips.
     #[test]
     fn row_kernels_equal_their_per_row_loops_bit_for_bit() {
         let val = |i: usize, seed: usize| {
