@@ -123,7 +123,7 @@ fn qmatmuls(c: &mut Criterion) {
                 }
                 let x = values(rows * n_in, 2);
                 let mut q8 = Q8Rows::default();
-                qmatmul::quantize_rows(&x, rows, n_in, &mut q8);
+                qmatmul::quantize_rows(isa, &x, rows, n_in, &mut q8);
                 let mut out = vec![0.0; rows * n_out];
                 g.throughput(Throughput::Bytes(mats.iter().map(|m| m.bytes() as u64).sum()));
                 g.bench_function(format!("{} {label} {n_out}x{n_in} T={rows}", ty.name()), |b| {

@@ -514,7 +514,7 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
                 let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
                 let got = b.read(&b.linear(&b.upload(&x), &w, None)).unwrap();
                 let mut q8 = Q8Rows::default();
-                quantize_rows(&x.data, t, n_in, &mut q8);
+                quantize_rows(isa, &x.data, t, n_in, &mut q8);
                 let nb = n_in / QK;
                 let bs = bytes.len() / (n_out * nb); // per 32 values (Q6_K: unused)
                 for r in 0..t {
@@ -634,9 +634,9 @@ fn quantized_kernels_agree_on_this_pool() {
         // of 3, 2 and 1 blocks (not for Q4_K's 256-wide super-blocks, always whole quads);
         // cases 10 and 14 have random f16 scales of any sign and size, subnormals and
         // zeros included (the SIMD paths widen them with `vcvtph2ps`, the portable one in
-        // software). Cases 11-13 are batched decode: 17 and 32 rows over three panels of 16
-        // (the first partial) on the thread team, and 33 rows past the team's limit
-        // (rayon); 15 and 16 run 13 and 14 rows (8 + 4 + 1, 8 + 4 + 2).
+        // software). Cases 11-13 are batched decode: 17 and 32 rows (cases 11, 13) over
+        // three panels of 16 (the first partial) on the thread team, and 33 rows (case 12)
+        // past the team's limit (rayon); 15 and 16 run 13 and 14 rows (8 + 4 + 1, 8 + 4 + 2).
         for (case, (n_out, n_in, t, scale)) in [
             (7, 256, 7, 1.0),
             (13, 512, 6, 1e3),
@@ -791,7 +791,7 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
             let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
             let got = b.read(&b.linear(&b.upload(&x), &w, None)).unwrap();
             let mut q8 = Q8Rows::default();
-            quantize_rows(&x.data, t, n_in, &mut q8);
+            quantize_rows(isa, &x.data, t, n_in, &mut q8);
             let nb = n_in / QK;
             for r in 0..t {
                 for j in 0..n_out {

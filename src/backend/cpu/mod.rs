@@ -126,7 +126,7 @@ impl CpuBackend {
             CpuMatrix::Quant(w) => {
                 assert_eq!(x.cols, w.n_in, "linear: input width");
                 let mut q8 = self.q8.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
-                qmatmul::quantize_rows(x, x.rows, w.n_in, &mut q8);
+                qmatmul::quantize_rows(self.opts.isa, x, x.rows, w.n_in, &mut q8);
                 qmatmul::qmatmul(self.opts.isa, w, &q8, x.rows, &mut out);
                 self.q8.lock().unwrap_or_else(|p| p.into_inner()).push(q8);
                 if let Some(b) = bias {
