@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""Greedy continuations of forge's default (quantized) path beside llama.cpp's.
+"""Greedy continuations of forge's default (quantized) path beside llama.cpp's, with both margins.
 
   python3 scripts/compare_llama_cpp.py MODEL.gguf [--llama-cpp /tmp/llama.cpp-build] [-n 32] [--chat]
-      [--prompts FILE]
+      [--prompts FILE] [--kv-dtype f32|f16]
 
-For each prompt, runs `llama-completion` (temperature 0, EOS ignored, 2 threads) and
-`forge generate --temp 0 --ignore-eos --json --logprobs 2`, tokenizes llama.cpp's text with
-forge's tokenizer (equal to llama.cpp's, tests/tokenizer_gguf.rs), and reports how many
-tokens agree and, at the first difference, forge's own top-2 logprob margin there (a near
-tie is where the two arithmetics may part: llama.cpp's margins are not exposed by its CLI).
-With --chat each prompt is a user message in the model's chat template (both sides get the
-same rendered text). Needs: scripts/build_llama_cpp.sh's build with llama-completion.
+Starts `llama-server` (one slot, 2 threads) and, for each prompt, asks it for a temperature-0
+continuation of forge's prompt ids with `n_probs: 2` (its top-2 log-probabilities of the raw
+logits at every step), and runs `forge generate --temp 0 --json --logprobs 2` on the same
+prompt; both stop at the model's end-of-generation token (after it the ids mean nothing). Reports how many tokens agree and, at
+the first difference, **llama.cpp's own** top-2 logprob margin there (the issue's test: the
+ids must agree up to the first step where llama.cpp's margin is a near tie) beside forge's,
+the smallest llama.cpp margin over the agreeing prefix (how close a call the agreement
+survived), and the largest gap between the two engines' logprobs of the chosen token over
+that prefix (the scale of their arithmetic difference, against which a margin is a near tie). With --chat each prompt is a user message in the model's chat template (both
+sides get the same token ids). Needs: scripts/build_llama_cpp.sh's build with llama-server.
 """
 
 import argparse
 import json
+import socket
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +43,40 @@ def forge(*args, stdin=None):
     return out.stdout
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        return json.load(resp)
+
+
+def start_server(argv, port):
+    proc = subprocess.Popen([*map(str, argv), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{argv[0]} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"{argv[0]} did not become healthy within 120 s")
+
+
+def margin(top):
+    return top[0]["logprob"] - top[1]["logprob"] if len(top) > 1 else float("inf")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path)
@@ -47,32 +87,81 @@ def main():
     ap.add_argument("--kv-dtype", default="f32", help="forge's KV cache (f32, its default; llama.cpp's is f16)")
     args = ap.parse_args()
     prompts = args.prompts.read_text().splitlines() if args.prompts else DEFAULT_PROMPTS
-    completion = args.llama_cpp / "build/bin/llama-completion"
+    port, truth_port = free_port(), free_port()
+    server = start_server([args.llama_cpp / "build/bin/llama-server", "-m", args.model, "-t", "2", "-np", "1",
+                           "-c", "4096"], port)
+    # forge's f32 path (dequantized weights, f32 activations) equals HF transformers' f32 run within
+    # 2e-4 (tests/model_llama.rs): the truth both quantized engines approximate.
+    truth = start_server([FORGE, "serve", "-m", args.model, "--dtype", "f32", "-np", "1", "-t", "2"], truth_port)
+    quant_port = free_port()
+    quant = start_server([FORGE, "serve", "-m", args.model, "-np", "1", "-t", "2", "--kv-dtype", args.kv_dtype],
+                         quant_port)
     rows = []
-    for prompt in prompts:
-        flags = ["--chat"] if args.chat else []
-        ours = json.loads(forge("generate", "-m", str(args.model), "-p", prompt, "--temp", "0", "--ignore-eos",
-                                "-n", str(args.n), "--json", "--logprobs", "2", "--no-escape", "--kv-dtype", args.kv_dtype,
-                                *flags))
-        text_in = forge("detokenize", "-m", str(args.model), *map(str, ours["prompt_ids"]))
-        out = subprocess.run([str(completion), "-m", str(args.model), "-p", text_in, "-n", str(args.n), "--temp", "0",
-                              "--ignore-eos", "-t", "2", "-no-cnv", "--no-display-prompt", "--simple-io",
-                              "--no-warmup"], capture_output=True, text=True)
-        theirs = forge("tokenize", "-m", str(args.model), "-", stdin=out.stdout)
-        theirs = json.loads(theirs)[: args.n]
-        mine = ours["generated_ids"]
-        agree = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
-        margin = None
-        if agree < len(mine) and agree < len(theirs):
-            top = ours["logprobs"][agree]["top_logprobs"]
-            margin = top[0]["logprob"] - top[1]["logprob"]
-        rows.append((prompt, agree, len(mine), margin, ours["text"][:60], out.stdout[:60]))
-    print("| prompt | tokens equal | first difference: forge's top-2 logprob margin | forge | llama.cpp |")
-    print("| --- | ---: | ---: | --- | --- |")
-    for prompt, agree, n, margin, a, b in rows:
-        m = "-" if margin is None else f"{margin:.3f}"
-        print(f"| {prompt!r} | {agree}/{n} | {m} | {a!r} | {b!r} |")
-
+    errors = {"llama.cpp": [], "forge": []}
+    try:
+        for prompt in prompts:
+            flags = ["--chat"] if args.chat else []
+            ours = json.loads(forge("generate", "-m", str(args.model), "-p", prompt, "--temp", "0",
+                                    "-n", str(args.n), "--json", "--logprobs", "2", "--no-escape", "--kv-dtype",
+                                    args.kv_dtype, *flags))
+            reply = post(f"http://127.0.0.1:{port}/completion", {
+                "prompt": ours["prompt_ids"], "n_predict": args.n, "temperature": 0, "n_probs": 2,
+                "cache_prompt": False, "return_tokens": True})
+            steps = reply["completion_probabilities"]
+            theirs = [step["id"] for step in steps]
+            # Both engines' logprobs of llama.cpp's tokens against the f32 truth's, teacher-forced along
+            # llama.cpp's path (forge's rows do not depend on the batch, so scoring the path as one
+            # prompt gives its decode steps' numbers).
+            scored = {}
+            for name, p in (("truth", truth_port), ("forge", quant_port)):
+                lp = post(f"http://127.0.0.1:{p}/v1/completions", {
+                    "prompt": ours["prompt_ids"] + theirs, "max_tokens": 0, "echo": True,
+                    "logprobs": 1})["choices"][0]["logprobs"]["token_logprobs"]
+                scored[name] = lp[len(ours["prompt_ids"]):]
+            for i, step in enumerate(steps):
+                errors["llama.cpp"].append(abs(step["logprob"] - scored["truth"][i]))
+                errors["forge"].append(abs(scored["forge"][i] - scored["truth"][i]))
+            mine = ours["generated_ids"]
+            agree = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+            theirs_margin = ours_margin = truth_margin = None
+            if agree < len(mine) and agree < len(theirs):
+                theirs_margin = margin(steps[agree]["top_logprobs"])
+                ours_margin = margin(ours["logprobs"][agree]["top_logprobs"])
+                at = post(f"http://127.0.0.1:{truth_port}/v1/completions", {
+                    "prompt": ours["prompt_ids"] + mine[:agree], "max_tokens": 1, "temperature": 0,
+                    "logprobs": 2})["choices"][0]["logprobs"]["top_logprobs"][0]
+                best = sorted(at.items(), key=lambda kv: kv[1], reverse=True)
+                picks = [name for name, text in (("forge", ours["logprobs"][agree]["top_logprobs"][0]["text"]),
+                                                 ("llama.cpp", steps[agree]["token"])) if text == best[0][0]]
+                truth_margin = f"{best[0][1] - best[1][1]:.3f} ({' and '.join(picks) or 'neither'})"
+            closest = min((margin(step["top_logprobs"]) for step in steps[:agree]), default=None)
+            # How far apart the two engines' numbers are where they agree: the chosen token's logprob.
+            gap = max((abs(step["logprob"] - lp["logprob"]) for step, lp in zip(steps[:agree], ours["logprobs"])),
+                      default=None)
+            n = f"{len(mine)}" if len(mine) == len(theirs) else f"{len(mine)} vs {len(theirs)}"
+            rows.append((prompt, agree, n, theirs_margin, ours_margin, truth_margin, closest, gap, ours["text"][:40],
+                         reply["content"][:40]))
+    finally:
+        for proc in (server, truth, quant):
+            proc.terminate()
+            proc.wait(timeout=30)
+    print("| prompt | tokens equal | first difference: llama.cpp's top-2 margin | forge's there "
+          "| f32 truth's there (whose token it is) | smallest llama.cpp margin before it "
+          "| largest logprob gap before it | forge | llama.cpp |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    fmt = lambda m: "-" if m is None else m if isinstance(m, str) else f"{m:.3f}"  # noqa: E731
+    for prompt, agree, n, theirs_m, ours_m, truth_m, closest, gap, a, b in rows:
+        print(f"| {prompt!r} | {agree}/{n} | {fmt(theirs_m)} | {fmt(ours_m)} | {fmt(truth_m)} | {fmt(closest)} "
+              f"| {fmt(gap)} | {a!r} | {b!r} |")
+    print()
+    print("Logprob of llama.cpp's tokens against the f32 truth, teacher-forced along llama.cpp's path "
+          f"({len(errors['forge'])} steps):")
+    print()
+    print("| engine | mean abs error | median | max |")
+    print("| --- | ---: | ---: | ---: |")
+    for name, errs in errors.items():
+        errs = sorted(errs)
+        print(f"| {name} | {sum(errs) / len(errs):.4f} | {errs[len(errs) // 2]:.4f} | {errs[-1]:.4f} |")
 
 if __name__ == "__main__":
     main()
