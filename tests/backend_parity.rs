@@ -16,10 +16,14 @@
 //!
 //! 16-bit weights and KV caches are checked against the reference fed the same values
 //! rounded to 16 bits, so the bound stays the f32 one: the kernels' conversions are exact.
+//! So are the AVX512-BF16 products, whose activations are rounded to bf16: the reference's
+//! matrix products get the same rounded activations.
 
 mod common;
 
-use batch_forge::backend::cpu::simd::{avx2_or_skip, avx512_or_skip, avx512_vnni_or_skip, isas_or_skip};
+use batch_forge::backend::cpu::simd::{
+    avx2_or_skip, avx512_bf16_or_skip, avx512_or_skip, avx512_vnni_or_skip, isas_or_skip,
+};
 use common::{round_to, tensor, view};
 
 use batch_forge::backend::WeightDtype;
@@ -102,7 +106,10 @@ fn the_harness_rejects_broken_outputs() {
 type Worst = Vec<(&'static str, (f64, f64))>;
 
 /// Runs every op of `b` against the reference; returns the worst (NMSE, max rel) per op.
-fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
+/// `bf16_activations`: the backend multiplies its bf16 weights by activations rounded to
+/// bf16 (the AVX512-BF16 path), so the reference's weight products are fed them rounded
+/// too and the f32 bounds still apply.
+fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activations: bool) -> Worst {
     let r = ReferenceBackend;
     let mut rng = Rng::new(42);
     let mut worst: Worst = Vec::new();
@@ -134,6 +141,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
     for (i, &(t, n_in, n_out)) in shapes.iter().enumerate() {
         let scale = [1e-3f32, 1.0, 1e3][i % 3];
         let x = host(t, n_in, normal(&mut rng, t * n_in, scale));
+        let xr = if bf16_activations { host(t, n_in, round_to(WeightDtype::BF16, &x.data)) } else { x.clone() };
         let w = round_to(wdtype, &normal(&mut rng, n_in * n_out, 1.0 / (n_in as f32).sqrt()));
         let bias = normal(&mut rng, n_out, scale);
         for layout in [MatrixLayout::InOut, MatrixLayout::OutIn] {
@@ -144,9 +152,9 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
             let (bb, br) = (b.load_vector(&view(&bt)).unwrap(), r.load_vector(&view(&bt)).unwrap());
             let xb = b.upload(&x);
             let what = format!("linear T={t} {n_in}->{n_out} {layout:?} scale {scale}");
-            note("linear", compare(&what, &read(&b.linear(&xb, &wb, Some(&bb))), &r.linear(&x, &wr, Some(&br))));
-            note("linear (no bias)", compare(&what, &read(&b.linear(&xb, &wb, None)), &r.linear(&x, &wr, None)));
-            let mut want = r.linear(&x, &wr, Some(&br));
+            note("linear", compare(&what, &read(&b.linear(&xb, &wb, Some(&bb))), &r.linear(&xr, &wr, Some(&br))));
+            note("linear (no bias)", compare(&what, &read(&b.linear(&xb, &wb, None)), &r.linear(&xr, &wr, None)));
+            let mut want = r.linear(&xr, &wr, Some(&br));
             r.gelu(&mut want);
             note("linear_gelu", compare(&format!("gelu {what}"), &read(&b.linear_gelu(&xb, &wb, Some(&bb))), &want));
         }
@@ -374,7 +382,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool) -> Worst {
 fn run(opts: CpuOptions) {
     let b = CpuBackend::new(opts).unwrap();
     let wdtype = opts.weight_dtype.unwrap_or(WeightDtype::F32);
-    let worst = parity_suite(&b, wdtype, opts.kv_f16);
+    let worst = parity_suite(&b, wdtype, opts.kv_f16, opts.isa.has_bf16() && wdtype == WeightDtype::BF16);
     eprintln!("{:?} {:?} kv_f16={}: worst (NMSE, max rel) per op {worst:?}", opts.isa, wdtype, opts.kv_f16);
 }
 
@@ -385,7 +393,7 @@ fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
 #[test]
 fn reference_agrees_with_itself() {
     // The suite's own sanity: comparing the reference to itself gives exactly zero.
-    let worst = parity_suite(&ReferenceBackend, WeightDtype::F32, false);
+    let worst = parity_suite(&ReferenceBackend, WeightDtype::F32, false, false);
     assert!(worst.iter().all(|(_, e)| *e == (0.0, 0.0)), "{worst:?}");
 }
 
@@ -414,6 +422,14 @@ fn cpu_avx512_f32_f16_and_bf16() {
         run(opts(isa, WeightDtype::F16, true));
         run(opts(isa, WeightDtype::BF16, false));
     }
+}
+
+/// bf16 weights meeting bf16-rounded activations in `vdpbf16ps` (AVX512-BF16), against
+/// the reference fed the same rounded activations, at the f32 bounds.
+#[test]
+fn cpu_avx512_bf16_products() {
+    let Some(isa) = avx512_bf16_or_skip() else { return };
+    run(opts(isa, WeightDtype::BF16, false));
 }
 
 #[test]
@@ -450,7 +466,7 @@ fn gpu_every_kernel_variant() {
         }
         let o = GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16, ..Default::default() };
         let Some(b) = common::gpu_backend(o) else { return };
-        let worst = parity_suite(&b, dtype, kv_f16);
+        let worst = parity_suite(&b, dtype, kv_f16, false);
         eprintln!("gpu {dtype:?} weights, {gemv:?} gemv, kv_f16={kv_f16}: worst (NMSE, max rel) per op {worst:?}");
     }
 }

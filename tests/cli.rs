@@ -963,3 +963,24 @@ fn a_software_adapter_is_named_as_such() {
     let warned = stderr(&o).contains("is a software rasterizer: --backend gpu runs on the CPU here");
     assert_eq!(warned, gpu.is_software(), "{}", stderr(&o));
 }
+
+/// `forge devices` (stdout) and `forge bench` (stderr) name the cpu kernels in use: with
+/// `BATCH_FORGE_ISA` capping the choice at each level this CPU runs, both print that
+/// level's name, vector width, features and an FMA peak.
+#[test]
+fn devices_and_bench_name_the_cpu_kernels() {
+    let m = fixture("tiny-gpt2");
+    let m = m.to_str().unwrap();
+    for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+        let want = format!("kernels: {} ({}-bit vectors: {})", isa.name(), isa.vector_bits(), isa.features());
+        let env = [("BATCH_FORGE_ISA", isa.name())];
+        // Without a GPU driver `devices` fails after the cpu line; the line is what counts.
+        let out = stdout(&forge_env(&["devices"], &env));
+        let line = out.lines().next().unwrap_or_default();
+        assert!(line.starts_with("cpu: ") && line.contains(&want) && line.contains("FMA peak ≈"), "{isa:?}: {out}");
+        let o = forge_env(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1"], &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.lines().any(|l| l.starts_with("cpu: ") && l.contains(&want)), "{isa:?}: {err}");
+    }
+}

@@ -50,25 +50,20 @@ fn lossy_formats_match_the_reference_fed_the_same_rounded_values() {
     let isas = isas_or_skip();
     for (isa, (label, o, rounded)) in isas.iter().flat_map(|&isa| {
         [
-            (
-                "f16 weights",
-                opts(Some(WeightDtype::F16), false, isa),
-                RoundedReference { weights: WeightDtype::F16, kv_f16: false },
-            ),
+            ("f16 weights", opts(Some(WeightDtype::F16), false, isa), RoundedReference::new(WeightDtype::F16, false)),
             (
                 "bf16 weights",
                 opts(Some(WeightDtype::BF16), false, isa),
-                RoundedReference { weights: WeightDtype::BF16, kv_f16: false },
+                RoundedReference {
+                    bf16_activations: isa.has_bf16(),
+                    ..RoundedReference::new(WeightDtype::BF16, false)
+                },
             ),
-            (
-                "f16 KV cache",
-                opts(Some(WeightDtype::F32), true, isa),
-                RoundedReference { weights: WeightDtype::F32, kv_f16: true },
-            ),
+            ("f16 KV cache", opts(Some(WeightDtype::F32), true, isa), RoundedReference::new(WeightDtype::F32, true)),
             (
                 "f16 weights + f16 KV",
                 opts(Some(WeightDtype::F16), true, isa),
-                RoundedReference { weights: WeightDtype::F16, kv_f16: true },
+                RoundedReference::new(WeightDtype::F16, true),
             ),
         ]
         .map(|case| (isa, case))
@@ -91,24 +86,37 @@ fn lossy_formats_match_the_reference_fed_the_same_rounded_values() {
 }
 
 /// The comparison above bites: f16 weights against a reference that did not round them
-/// (or rounded to bf16) fail the f32 tolerance, and an f16 KV cache against a reference
-/// that rounded nothing fails the f16-KV tolerance.
+/// (or rounded to bf16) fail the f32 tolerance, an f16 KV cache against a reference
+/// that rounded nothing fails the f16-KV tolerance, and `vdpbf16ps` products against a
+/// reference that keeps activations in f32 fail theirs.
 #[test]
 fn lossy_comparison_detects_the_wrong_rounding() {
     let ckpt = "tiny-gpt2";
     let kv = cpu_engine(ckpt, opts(Some(WeightDtype::F32), true, Isa::detect()));
-    let tol = lossy_tolerance(&RoundedReference { weights: WeightDtype::F32, kv_f16: true }, ckpt);
-    let unrounded =
-        Engine::load(RoundedReference { weights: WeightDtype::F32, kv_f16: false }, &fixture(ckpt)).unwrap();
+    let tol = lossy_tolerance(&RoundedReference::new(WeightDtype::F32, true), ckpt);
+    let unrounded = Engine::load(RoundedReference::new(WeightDtype::F32, false), &fixture(ckpt)).unwrap();
     let err = max_logit_diff(&kv, &unrounded, ckpt);
     assert!(err > tol, "f16 KV vs an unrounded reference differ by only {err:e} (tolerance {tol:e})");
 
     let ckpt = "tiny-gpt2";
     let e = cpu_engine(ckpt, opts(Some(WeightDtype::F16), false, Isa::detect()));
     for wrong in [WeightDtype::F32, WeightDtype::BF16] {
-        let r = batch_forge::engine::Engine::load(RoundedReference { weights: wrong, kv_f16: false }, &fixture(ckpt))
-            .unwrap();
+        let r = batch_forge::engine::Engine::load(RoundedReference::new(wrong, false), &fixture(ckpt)).unwrap();
         let err = max_logit_diff(&e, &r, ckpt);
         assert!(err > 10.0 * LOGIT_TOL, "f16 weights vs {wrong:?}-rounded reference differ by only {err:e}");
+    }
+
+    // bf16 weights on the AVX512-BF16 path against a reference that keeps the activations
+    // in f32: beyond the tolerance its bf16-activation twin is held to.
+    if let Some(isa) = batch_forge::backend::cpu::simd::avx512_bf16_or_skip() {
+        let e = cpu_engine(ckpt, opts(Some(WeightDtype::BF16), false, isa));
+        let rounded = RoundedReference { bf16_activations: true, ..RoundedReference::new(WeightDtype::BF16, false) };
+        let tol = lossy_tolerance(&rounded, ckpt);
+        let r = Engine::load(RoundedReference::new(WeightDtype::BF16, false), &fixture(ckpt)).unwrap();
+        let err = max_logit_diff(&e, &r, ckpt);
+        assert!(
+            err > tol,
+            "bf16 products vs a reference with f32 activations differ by only {err:e} (tolerance {tol:e})"
+        );
     }
 }

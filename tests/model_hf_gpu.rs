@@ -40,7 +40,7 @@ fn gpu_lossy_formats_match_the_reference_fed_the_same_rounded_values() {
     ] {
         let o = GpuOptions { weight_dtype: Some(weights), kv_f16, ..Default::default() };
         let e = Engine::load(gpu_backend(o).unwrap(), &fixture(ckpt)).unwrap();
-        let rounded = RoundedReference { weights, kv_f16 };
+        let rounded = RoundedReference::new(weights, kv_f16);
         let r = Engine::load(rounded, &fixture(ckpt)).unwrap();
         let tol = lossy_tolerance(&rounded, ckpt);
         let err = max_logit_diff(&e, &r, ckpt);

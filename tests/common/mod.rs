@@ -112,12 +112,22 @@ pub fn in_ci() -> bool {
 
 /// The reference backend fed exactly the values a lossy backend computes with: weight
 /// matrices rounded to 16 bits as they load, keys and values rounded to f16 as they
-/// enter the KV cache. A backend storing those formats must then agree with it to
-/// f32 tolerance; only the rounding itself separates either from HF.
+/// enter the KV cache, and (where bf16 weights meet `vdpbf16ps`, see
+/// [`Isa::has_bf16`](batch_forge::backend::cpu::Isa::has_bf16)) the activations of
+/// every weight product rounded to bf16. A backend storing those formats must then agree
+/// with it to f32 tolerance; only the rounding itself separates either from HF.
 #[derive(Clone, Copy, Debug)]
 pub struct RoundedReference {
     pub weights: WeightDtype,
     pub kv_f16: bool,
+    pub bf16_activations: bool,
+}
+
+impl RoundedReference {
+    /// Weights rounded to `weights`, the KV cache to f16 when `kv_f16`, no activation rounding.
+    pub fn new(weights: WeightDtype, kv_f16: bool) -> Self {
+        RoundedReference { weights, kv_f16, bf16_activations: false }
+    }
 }
 
 /// How close a backend storing `rounded`'s formats must come to `rounded` on a checkpoint.
@@ -129,13 +139,17 @@ pub struct RoundedReference {
 /// flips are rare but real, so an f16 KV cache is held to half of what rounding keys and
 /// values to f16 moves the reference's own logits (its f16-KV vs f32-KV distance, both
 /// computed by the reference, not by the backend under test). Not rounding at all, or
-/// rounding to bf16, lands at or beyond that full distance and fails.
+/// rounding to bf16, lands at or beyond that full distance and fails. Activations rounded
+/// to bf16 (one step: 2⁻⁸ relative) are held the same way: to half of what that rounding
+/// moves the reference's logits.
 pub fn lossy_tolerance(rounded: &RoundedReference, checkpoint: &str) -> f32 {
-    if !rounded.kv_f16 {
+    if !rounded.kv_f16 && !rounded.bf16_activations {
         return LOGIT_TOL;
     }
     let with = Engine::load(RoundedReference { ..*rounded }, &fixture(checkpoint)).unwrap();
-    let without = Engine::load(RoundedReference { kv_f16: false, ..*rounded }, &fixture(checkpoint)).unwrap();
+    let without =
+        Engine::load(RoundedReference { kv_f16: false, bf16_activations: false, ..*rounded }, &fixture(checkpoint))
+            .unwrap();
     (0.5 * max_logit_diff(&with, &without, checkpoint)).max(LOGIT_TOL)
 }
 
@@ -154,7 +168,12 @@ impl Backend for RoundedReference {
     type KvCache = RefKvCache;
 
     fn name(&self) -> String {
-        format!("reference ({} weights, kv f16: {})", self.weights.name(), self.kv_f16)
+        format!(
+            "reference ({} weights, kv f16: {}, bf16 activations: {})",
+            self.weights.name(),
+            self.kv_f16,
+            self.bf16_activations
+        )
     }
     fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<RefMatrix> {
         let data = round_to(self.weights, &t.to_f32().map_err(anyhow::Error::msg)?);
@@ -177,7 +196,12 @@ impl Backend for RoundedReference {
         ReferenceBackend.layer_norm(x, gain, shift, eps)
     }
     fn linear(&self, x: &HostMatrix, w: &RefMatrix, bias: Option<&Vec<f32>>) -> HostMatrix {
-        ReferenceBackend.linear(x, w, bias)
+        if !self.bf16_activations {
+            return ReferenceBackend.linear(x, w, bias);
+        }
+        let mut rounded = x.clone();
+        rounded.data = round_to(WeightDtype::BF16, &x.data);
+        ReferenceBackend.linear(&rounded, w, bias)
     }
     fn gelu(&self, x: &mut HostMatrix) {
         ReferenceBackend.gelu(x)

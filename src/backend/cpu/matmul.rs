@@ -9,7 +9,11 @@
 //! activations by a `KC × 16` slice of a panel streamed from L2.
 //!
 //! Elements stay in their storage type (f32, f16, bf16) and are widened to f32 in
-//! registers, so 16-bit weights halve the bytes each token streams.
+//! registers, so 16-bit weights halve the bytes each token streams. On a CPU with
+//! AVX512-BF16, bf16 weights instead meet activations rounded to bf16 in `vdpbf16ps`
+//! (two products per f32 lane and instruction, the way llama.cpp multiplies BF16
+//! tensors): twice the multiply rate of widening, for one bf16 rounding of each
+//! activation (relative 2⁻⁹).
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -280,31 +284,101 @@ fn matmul_impl(
     }
     let optr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
+    // bf16 weights on an AVX512-BF16 CPU: the activations rounded to bf16 once per call,
+    // in (k, k + 1) pairs, for `vdpbf16ps` (every tile of the call, whatever its rows, so
+    // a row's result does not depend on the batch). The buffer is the calling thread's,
+    // reused across calls.
+    let mut pairs = Vec::new();
+    if matches!(w.data, PanelData::BF16(_)) && isa.has_bf16() && causal == Causal::None {
+        pairs = BF16_PAIRS.take();
+        bf16_pairs(x, rows, n_in, &mut pairs);
+    }
+    let act = Activations { x, pairs: (!pairs.is_empty()).then_some(&pairs[..]) };
     let run = |panels: std::ops::Range<usize>| {
         // The caller writes only columns [16·panels.start, 16·panels.end) ∩ [0, n_out) of
         // each of the `rows` output rows; callers' ranges are disjoint; `out` outlives them.
         let out_cols = |r: usize| optr.row(r, n_out);
         match &w.data {
-            PanelData::F32(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
-            PanelData::F16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
-            PanelData::BF16(d) => run_group(isa, x, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
+            PanelData::F32(d) => run_group(isa, act, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
+            PanelData::F16(d) => run_group(isa, act, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols),
+            PanelData::BF16(d) => {
+                run_group(isa, act, rows, n_in, n_out, d, panels, epi, causal, fixed_order, &out_cols)
+            }
         }
     };
-    if rows <= SKINNY_MAX_ROWS && causal == Causal::None && threads > 1 && w.n_panels >= threads {
+    matmul_panels(&run, rows, causal, threads, w.n_panels);
+    if !pairs.is_empty() {
+        BF16_PAIRS.set(pairs);
+    }
+}
+
+thread_local! {
+    /// The bf16 activation pairs of the last bf16 product on this thread (see `matmul_impl`).
+    static BF16_PAIRS: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Round-to-nearest-even f32 → bf16 bits (NaN stays NaN), as `half::bf16::from_f32`
+/// rounds, written without branches so the loop over a row vectorizes.
+#[inline(always)]
+fn bf16_bits(v: f32) -> u32 {
+    let b = v.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    if v.is_nan() { (b >> 16) | 0x40 } else { rounded }
+}
+
+/// `x` (`rows × n_in`) rounded to bf16, each row as `n_in.div_ceil(2)` pairs
+/// `bits(x[r][2q]) | bits(x[r][2q + 1]) << 16` (a zero past an odd row's end).
+fn bf16_pairs(x: &[f32], rows: usize, n_in: usize, out: &mut Vec<u32>) {
+    let ldp = n_in.div_ceil(2);
+    out.clear();
+    out.resize(rows * ldp, 0);
+    let convert = |(dst, src): (&mut [u32], &[f32])| {
+        let (whole, tail) = src.split_at(src.len() & !1);
+        for (d, s) in dst.iter_mut().zip(whole.chunks_exact(2)) {
+            *d = bf16_bits(s[0]) | bf16_bits(s[1]) << 16;
+        }
+        if let (Some(d), [last]) = (dst.last_mut(), tail) {
+            *d = bf16_bits(*last);
+        }
+    };
+    if rows * n_in >= 1 << 16 {
+        out.par_chunks_mut(ldp).zip(x.par_chunks(n_in)).for_each(convert);
+    } else {
+        out.chunks_mut(ldp).zip(x.chunks(n_in)).for_each(convert);
+    }
+}
+
+/// A call's activations: `x` (`rows × n_in` f32) and, on the bf16 path, its bf16 pairs
+/// (`rows × n_in.div_ceil(2)`; see [`bf16_pairs`]).
+#[derive(Clone, Copy)]
+struct Activations<'a> {
+    x: &'a [f32],
+    pairs: Option<&'a [u32]>,
+}
+
+/// Split the panels between threads and run `run` on each share.
+fn matmul_panels(
+    run: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    rows: usize,
+    causal: Causal,
+    threads: usize,
+    n_panels: usize,
+) {
+    if rows <= SKINNY_MAX_ROWS && causal == Causal::None && threads > 1 && n_panels >= threads {
         // Decode-sized work (one to a few dozen rows, a few hundred microseconds): one
         // contiguous run of panels per thread on the spinning team, which starts within a
         // microsecond where a rayon region costs a wake-up; a thread done early helps
         // finish the others' runs from their ends.
-        if super::team::run_balanced(w.n_panels, 4, 2, &|r| run(r)) {
+        if super::team::run_balanced(n_panels, 4, 2, &|r| run(r)) {
             return;
         }
     }
     // Otherwise (one thread, a busy team, prefill) split panels into contiguous runs: 16
     // per thread for GEMV (fine enough that work stealing evens out the threads), or
     // L2-sized column groups for GEMM.
-    let group = if rows <= GEMV_MAX_ROWS { w.n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
-    let n_groups = w.n_panels.div_ceil(group);
-    (0..n_groups).into_par_iter().for_each(|g| run(g * group..((g + 1) * group).min(w.n_panels)));
+    let group = if rows <= GEMV_MAX_ROWS { n_panels.div_ceil(threads * 16).max(1) } else { NC_PANELS };
+    let n_groups = n_panels.div_ceil(group);
+    (0..n_groups).into_par_iter().for_each(|g| run(g * group..((g + 1) * group).min(n_panels)));
 }
 
 /// Element types a panel can hold.
@@ -323,6 +397,9 @@ pub(crate) trait PanelElem: Copy + Send + Sync + 'static {
     /// in the same order (so bit-identical results), one 512-bit register per 16-column
     /// panel row.
     const KERNEL512: x86::KernelFn<Self>;
+    #[cfg(target_arch = "x86_64")]
+    /// AVX512-BF16 kernel on bf16-rounded activation pairs, for bf16 only.
+    const KERNEL_DP: Option<x86::KernelFn<Self>> = None;
 }
 
 impl PanelElem for f32 {
@@ -356,6 +433,8 @@ impl PanelElem for bf16 {
     const KERNEL: x86::KernelFn<bf16> = x86::kernel_bf16;
     #[cfg(target_arch = "x86_64")]
     const KERNEL512: x86::KernelFn<bf16> = x86::kernel_bf16_512;
+    #[cfg(target_arch = "x86_64")]
+    const KERNEL_DP: Option<x86::KernelFn<bf16>> = Some(x86::kernel_bf16_dp);
 }
 
 /// One micro-kernel call: `acc[r][0..16] (+)= Σ_k a[r][k] · panel[k][0..16]` for
@@ -363,6 +442,11 @@ impl PanelElem for bf16 {
 pub(crate) struct Tile<'a, T> {
     a: &'a [f32],
     lda: usize,
+    /// On the AVX512-BF16 path: the same activations as bf16 pairs (see [`bf16_pairs`]),
+    /// starting at this tile's first row and k / 2, rows `ldp` pairs apart. The portable
+    /// and widening kernels use `a` and ignore them.
+    pairs: Option<&'a [u32]>,
+    ldp: usize,
     mr: usize,
     panel: &'a [T],
     kc: usize,
@@ -402,6 +486,12 @@ unsafe fn copy_cols(src: *const f32, dst: *mut f32, n: usize) {
 
 /// Run the micro-kernel for one tile (dispatching on the ISA).
 fn tile<T: PanelElem>(isa: Isa, t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(_), Some(kernel)) = (isa.has_bf16(), t.pairs, T::KERNEL_DP) {
+        // SAFETY: an AVX-512 BF16 `Isa` exists only where detection proved AVX512-BF16,
+        // AVX-512 F/BW/VL and AVX2/FMA/F16C; the kernel checks the tile's bounds.
+        return unsafe { kernel(t, acc) };
+    }
     // AVX-512 for GEMM tiles of three rows or more. One- and two-row tiles (decode) stay
     // on AVX2: memory-bound there, and its 256-bit loads measured faster on Zen 4 than
     // 512-bit ones (f16 tg128 1 thread: 93 against 80 tok/s). Same bits either way.
@@ -463,7 +553,7 @@ fn finish_tile(
 #[allow(clippy::too_many_arguments)]
 fn run_group<T: PanelElem>(
     isa: Isa,
-    x: &[f32],
+    act: Activations,
     rows: usize,
     n_in: usize,
     n_out: usize,
@@ -477,13 +567,27 @@ fn run_group<T: PanelElem>(
     let mut acc = [[0.0f32; NR]; MR];
     let kc_max = T::KC;
     let panel = |p: usize| &data[p * n_in * NR..(p + 1) * n_in * NR];
+    let x = act.x;
+    // The pairs from row r0 and k0 on (k0 is a multiple of the even KC, or 0).
+    let ldp = n_in.div_ceil(2);
+    let pairs = |r0: usize, k0: usize| act.pairs.map(|p| &p[r0 * ldp + k0 / 2..]);
     if rows <= GEMV_MAX_ROWS && causal == Causal::None && !fixed_order {
         // GEMV: each panel is streamed once, front to back, for all rows together.
         for p in panels {
             acc = [[0.0; NR]; MR];
             tile(
                 isa,
-                &Tile { a: x, lda: n_in, mr: rows, panel: panel(p), kc: n_in, fixed_order, prefetch: None },
+                &Tile {
+                    a: x,
+                    lda: n_in,
+                    pairs: pairs(0, 0),
+                    ldp,
+                    mr: rows,
+                    panel: panel(p),
+                    kc: n_in,
+                    fixed_order,
+                    prefetch: None,
+                },
                 &mut acc,
             );
             let j0 = p * NR;
@@ -516,6 +620,8 @@ fn run_group<T: PanelElem>(
                     let t = Tile {
                         a: &x[r0 * n_in + k0..],
                         lda: n_in,
+                        pairs: pairs(r0, k0),
+                        ldp,
                         mr,
                         panel: &panel(p)[k0 * NR..],
                         kc,
@@ -562,6 +668,8 @@ fn run_group<T: PanelElem>(
                 let t = Tile {
                     a: &x[r0 * n_in + k0..],
                     lda: n_in,
+                    pairs: pairs(r0, k0),
+                    ldp,
                     mr,
                     panel: &panel(p)[k0 * NR..],
                     kc,
@@ -748,6 +856,111 @@ pub(crate) mod x86 {
         }
     }
 
+    /// The AVX512-BF16 kernel: `acc[r] += Σ_q dot(pair_q(a_r), pair_q(panel))` with two
+    /// `vdpbf16ps` chains per output (even and odd pairs) in pair order, for every row count (so a row's result
+    /// does not depend on the rows beside it). Each pair of panel rows (k, k + 1), 32 bf16
+    /// in one load, is interleaved column by column so that f32 lane j holds
+    /// (W[k][j], W[k + 1][j]); an odd last row is paired with zeros.
+    ///
+    /// # Safety
+    /// Needs AVX512-BF16, AVX-512 F/BW/VL, AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub(crate) unsafe fn kernel_bf16_dp(t: &Tile<bf16>, acc: &mut [[f32; NR]; MR]) {
+        let pairs = t.pairs.expect("the bf16 kernel takes activation pairs");
+        let n_pairs = t.kc.div_ceil(2);
+        assert!(t.panel.len() >= t.kc * NR, "panel slice too short");
+        assert!(t.mr >= 1 && t.mr <= MR && pairs.len() >= (t.mr - 1) * t.ldp + n_pairs, "activation pairs too short");
+        let (a, b) = (pairs.as_ptr(), t.panel.as_ptr());
+        let pf = Prefetch::new(t.prefetch, t.kc);
+        // SAFETY (all pointer reads): pair q < kc / 2 reads panel rows 2q, 2q + 1 < kc, the
+        // odd tail reads row kc - 1, and row r < mr reads pairs below (mr - 1)·ldp + n_pairs,
+        // within the lengths asserted above; prefetches are hints that read nothing.
+        unsafe {
+            match t.mr {
+                1 => dp_block::<1>(a, t.ldp, b, t.kc, acc, pf),
+                2 => dp_block::<2>(a, t.ldp, b, t.kc, acc, pf),
+                3 => dp_block::<3>(a, t.ldp, b, t.kc, acc, pf),
+                4 => dp_block::<4>(a, t.ldp, b, t.kc, acc, pf),
+                5 => dp_block::<5>(a, t.ldp, b, t.kc, acc, pf),
+                _ => dp_block::<6>(a, t.ldp, b, t.kc, acc, pf),
+            }
+        }
+    }
+
+    /// Lane order of one interleaved pair of panel rows: 16-bit element 2j takes column j
+    /// of row k (element j of the load), element 2j + 1 column j of row k + 1 (16 + j).
+    const INTERLEAVE: [u16; 32] = {
+        let mut idx = [0u16; 32];
+        let mut j = 0;
+        while j < 16 {
+            idx[2 * j] = j as u16;
+            idx[2 * j + 1] = 16 + j as u16;
+            j += 1;
+        }
+        idx
+    };
+
+    #[inline(always)]
+    unsafe fn dp_block<const R: usize>(
+        a: *const u32,
+        ldp: usize,
+        b: *const bf16,
+        kc: usize,
+        acc: &mut [[f32; NR]; MR],
+        pf: Prefetch,
+    ) {
+        unsafe {
+            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr() as *const __m512i);
+            // Two chains per output, even and odd pairs (`vdpbf16ps` has a longer latency
+            // than R chains of one instruction per cycle would hide), added at the end:
+            // the same order whatever R is.
+            let (mut s, mut t) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+            let dot = |s: __m512, a: u32, w: __m512i| {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(a as i32));
+                _mm512_dpbf16_ps(s, std::mem::transmute::<__m512i, __m512bh>(w), av)
+            };
+            let pair =
+                |q: usize| _mm512_permutexvar_epi16(idx, _mm512_loadu_si512(b.add(2 * q * NR) as *const __m512i));
+            let n_pairs = kc / 2;
+            let mut q = 0;
+            while q + 2 <= n_pairs {
+                if pf.is_some() {
+                    for k in 2 * q..2 * q + 4 {
+                        pf.at(k);
+                    }
+                }
+                let (w0, w1) = (pair(q), pair(q + 1));
+                for r in 0..R {
+                    s[r] = dot(s[r], a.add(r * ldp + q).read(), w0);
+                    t[r] = dot(t[r], a.add(r * ldp + q + 1).read(), w1);
+                }
+                q += 2;
+            }
+            if q < n_pairs {
+                if pf.is_some() {
+                    pf.at(2 * q);
+                    pf.at(2 * q + 1);
+                }
+                let w = pair(q);
+                for r in 0..R {
+                    s[r] = dot(s[r], a.add(r * ldp + q).read(), w);
+                }
+            }
+            if kc % 2 == 1 {
+                // Row kc - 1 alone: each column's bf16 in the low half of its lane, zero above.
+                let q = kc / 2;
+                let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(b.add((kc - 1) * NR) as *const __m256i));
+                for r in 0..R {
+                    t[r] = dot(t[r], a.add(r * ldp + q).read(), w);
+                }
+            }
+            for r in 0..R {
+                let p = acc[r].as_mut_ptr();
+                _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), _mm512_add_ps(s[r], t[r])));
+            }
+        }
+    }
+
     kernel!(kernel_f32, f32, |p| unsafe { _mm256_loadu_ps(p) });
     kernel!(kernel_f16, f16, |p| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) });
     kernel!(kernel_bf16, bf16, |p| unsafe {
@@ -900,11 +1113,19 @@ mod tests {
                         for r in 0..rows {
                             for j in 0..n_out {
                                 let (mut want, mut magnitude) = (f64::from(bias[j]), 0.0);
+                                // The AVX512-BF16 path multiplies bf16 weights by activations
+                                // rounded to bf16: the sum it must give is of those.
+                                let xdtype = if isa.has_bf16() && dtype == WeightDtype::BF16 {
+                                    WeightDtype::BF16
+                                } else {
+                                    WeightDtype::F32
+                                };
                                 for k in 0..n_in {
                                     // The weight as stored: the last column read back is exact.
                                     let wk = if j == n_out - 1 { col[k] } else { round(dtype, w[k * n_out + j]) };
-                                    want += f64::from(x[r * n_in + k]) * f64::from(wk);
-                                    magnitude += (f64::from(x[r * n_in + k]) * f64::from(wk)).abs();
+                                    let xk = round(xdtype, x[r * n_in + k]);
+                                    want += f64::from(xk) * f64::from(wk);
+                                    magnitude += (f64::from(xk) * f64::from(wk)).abs();
                                 }
                                 let want = if gelu { simd::gelu_scalar(want as f32) } else { want as f32 };
                                 let got = out[r * n_out + j];
@@ -934,7 +1155,7 @@ mod tests {
         let x = values(big * n_in, 7);
         let w = values(n_in * n_out, 8);
         let bias = values(n_out, 9);
-        for dtype in [WeightDtype::F32, WeightDtype::F16] {
+        for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
             let packed = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w[k * n_out + j]);
             for isa in simd::isas_or_skip() {
                 let epi = Epilogue { bias: Some(&bias), gelu: true };
@@ -1028,8 +1249,19 @@ mod tests {
             let panel: Vec<f32> = values(kc * NR, 14);
             let panel16: Vec<f16> = panel.iter().map(|&v| f16::from_f32(v)).collect();
             for mr in 1..=MR {
-                let t = Tile { a: &a, lda, mr, panel: &panel, kc, fixed_order: true, prefetch: None };
-                let t16 = Tile { a: &a, lda, mr, panel: &panel16, kc, fixed_order: true, prefetch: None };
+                let t =
+                    Tile { a: &a, lda, pairs: None, ldp: 0, mr, panel: &panel, kc, fixed_order: true, prefetch: None };
+                let t16 = Tile {
+                    a: &a,
+                    lda,
+                    pairs: None,
+                    ldp: 0,
+                    mr,
+                    panel: &panel16,
+                    kc,
+                    fixed_order: true,
+                    prefetch: None,
+                };
                 let (mut x, mut y, mut x16, mut y16) =
                     ([[0.5f32; NR]; MR], [[0.5f32; NR]; MR], [[0.0; NR]; MR], [[0.0; NR]; MR]);
                 // SAFETY: both ISAs were detected above; the tiles are in bounds.
@@ -1043,6 +1275,105 @@ mod tests {
                 assert_eq!(bits(&x), bits(&y), "f32 micro-kernel, {mr} rows");
                 assert_eq!(bits(&x16), bits(&y16), "f16 micro-kernel, {mr} rows");
                 assert!(x[mr - 1][0] != 0.5 && (mr == MR || x[mr][0] == 0.5), "{mr} rows: wrong rows written");
+            }
+        }
+    }
+
+    /// The activation pairs are `half`'s round-to-nearest-even bf16 bits, everywhere:
+    /// ties both ways, subnormals, infinities, NaN, the f32 extremes, an odd row's pad.
+    #[test]
+    fn bf16_pairs_round_like_half() {
+        let mut specials = vec![
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + f32::EPSILON * 64.0,  // a tie that rounds to even (down)
+            1.0 + f32::EPSILON * 192.0, // a tie that rounds to even (up)
+            f32::MIN_POSITIVE / 3.0,
+            -f32::MIN_POSITIVE / 7.0,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7f80_0001), // a signalling NaN
+            3.4e38,
+        ];
+        specials.extend(values(1000, 31).iter().map(|v| v * 1e4));
+        let n_in = specials.len(); // odd: the last pair is padded
+        assert_eq!(n_in % 2, 1);
+        let mut pairs = Vec::new();
+        bf16_pairs(&specials, 1, n_in, &mut pairs);
+        assert_eq!(pairs.len(), n_in.div_ceil(2));
+        for (k, &v) in specials.iter().enumerate() {
+            let got = (pairs[k / 2] >> (16 * (k % 2))) as u16;
+            let want = bf16::from_f32(v);
+            if v.is_nan() {
+                assert!(bf16::from_bits(got).is_nan(), "[{k}] {v}: {got:#x} is not NaN");
+            } else {
+                assert_eq!(got, want.to_bits(), "[{k}] {v}");
+            }
+        }
+        assert_eq!(pairs[n_in / 2] >> 16, 0, "pad");
+        // Many rows (the parallel conversion) give the same bits as one at a time.
+        let (rows, n) = (97, 1001);
+        let x: Vec<f32> = values(rows * n, 32).iter().map(|v| v * 100.0).collect();
+        let mut all = Vec::new();
+        bf16_pairs(&x, rows, n, &mut all);
+        for r in [0, 50, 96] {
+            bf16_pairs(&x[r * n..(r + 1) * n], 1, n, &mut pairs);
+            assert_eq!(&all[r * n.div_ceil(2)..(r + 1) * n.div_ceil(2)], &pairs[..], "row {r}");
+        }
+    }
+
+    /// The AVX512-BF16 micro-kernel on every row count, even and odd `kc`: within f32
+    /// accumulation of the exact sum of bf16 activations times bf16 weights, and every
+    /// row's result independent of the rows beside it.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_bf16_kernel_sums_bf16_products() {
+        let Some(_) = simd::avx512_bf16_or_skip() else { return };
+        for kc in [1usize, 2, 37, 64, 767, 768] {
+            let ldp = kc.div_ceil(2) + 3;
+            let a: Vec<f32> = values(MR * 2 * ldp, 41).iter().map(|v| v * 30.0).collect();
+            let mut pairs = Vec::new();
+            bf16_pairs(&a, MR, 2 * ldp, &mut pairs);
+            let panel: Vec<bf16> = values(kc * NR, 42).iter().map(|&v| bf16::from_f32(v * 5.0)).collect();
+            let mut one_row = Vec::new();
+            for mr in 1..=MR {
+                let t = Tile {
+                    a: &a,
+                    lda: 2 * ldp,
+                    pairs: Some(&pairs),
+                    ldp,
+                    mr,
+                    panel: &panel,
+                    kc,
+                    fixed_order: true,
+                    prefetch: None,
+                };
+                let mut acc = [[0.25f32; NR]; MR];
+                // SAFETY: AVX512-BF16 was detected above; the tile is in bounds.
+                unsafe { x86::kernel_bf16_dp(&t, &mut acc) };
+                for r in 0..mr {
+                    for j in 0..NR {
+                        let (mut want, mut magnitude) = (0.25f64, 0.25f64);
+                        for k in 0..kc {
+                            let p = f64::from(bf16::from_f32(a[r * 2 * ldp + k]).to_f32())
+                                * f64::from(panel[k * NR + j].to_f32());
+                            want += p;
+                            magnitude += p.abs();
+                        }
+                        let got = f64::from(acc[r][j]);
+                        assert!((got - want).abs() <= 1e-6 * magnitude, "kc {kc} mr {mr} [{r},{j}]: {got} vs {want}");
+                    }
+                }
+                assert!(mr == MR || acc[mr][0] == 0.25, "{mr} rows: row {mr} written");
+                if mr == 1 {
+                    one_row = acc[0].map(f32::to_bits).to_vec();
+                }
+                assert_eq!(acc[0].map(f32::to_bits).to_vec(), one_row, "kc {kc}: row 0 depends on {mr} rows");
             }
         }
     }

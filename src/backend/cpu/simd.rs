@@ -1,12 +1,15 @@
 //! SIMD primitives behind safe wrappers, chosen at run time.
 //!
-//! [`Isa::detect`] picks, on x86-64, AVX-512 F/BW/VL with VNNI, else AVX-512 F/BW/VL,
-//! else AVX2+FMA+F16C, else the portable path: plain Rust written in fixed-width chunks
+//! [`Isa::detect`] picks, on x86-64, AVX-512 F/BW/VL with VNNI and BF16, else with VNNI,
+//! else AVX-512 F/BW/VL, else AVX2+FMA+F16C, else the portable path: plain Rust written in fixed-width chunks
 //! that LLVM vectorizes for the target (SSE2 on any x86-64, NEON on aarch64). Each level
 //! includes the ones below: a kernel without a version for it runs the next one down.
-//! `BATCH_FORGE_ISA=avx512-vnni|avx512|avx2|portable` caps the choice (to compare paths
+//! `BATCH_FORGE_ISA=avx512-bf16|avx512-vnni|avx512|avx2|portable` caps the choice (to compare paths
 //! on one machine). Every public function here is safe; the `unsafe` SIMD bodies
 //! are only reached after detection proved the features exist.
+
+/// Names of the levels, best first, as `BATCH_FORGE_ISA` takes them.
+const LEVEL_NAMES: [&str; 5] = ["avx512-bf16", "avx512-vnni", "avx512", "avx2", "portable"];
 
 /// The instruction set the kernels run with: a token that only run-time detection can
 /// make for anything beyond the portable path, so safe code cannot ask for instructions
@@ -21,6 +24,9 @@ pub struct Isa(IsaKind);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum IsaKind {
+    /// [`IsaKind::Avx512Vnni`] plus AVX512-BF16 (`vdpbf16ps`): Cooper Lake, Sapphire Rapids,
+    /// Zen 4 and later.
+    Avx512Bf16,
     /// x86-64 with AVX-512 F/BW/VL and VNNI besides AVX2, FMA and F16C (Ice Lake, Zen 4).
     Avx512Vnni,
     /// x86-64 with AVX-512 F/BW/VL besides AVX2, FMA and F16C, no VNNI (Skylake-SP).
@@ -77,17 +83,30 @@ impl Isa {
         None
     }
 
-    /// The best this CPU runs, capped by `BATCH_FORGE_ISA` (`avx512-vnni`, `avx512`,
-    /// `avx2` or `portable`) when set; decided once per process.
+    /// [`Isa::avx512_vnni`] plus AVX512-BF16, whose `vdpbf16ps` multiplies bf16 weights
+    /// by bf16-rounded activations (two products per f32 lane and instruction).
+    pub fn avx512_bf16() -> Option<Isa> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::avx512_vnni().is_some() && std::is_x86_feature_detected!("avx512bf16") {
+                return Some(Isa(IsaKind::Avx512Bf16));
+            }
+        }
+        None
+    }
+
+    /// The best this CPU runs, capped by `BATCH_FORGE_ISA` (`avx512-bf16`, `avx512-vnni`,
+    /// `avx512`, `avx2` or `portable`) when set; decided once per process.
     pub fn detect() -> Isa {
         static CHOSEN: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let levels = [Isa::avx512_vnni(), Isa::avx512(), Isa::avx2(), Some(Isa::PORTABLE)];
+            let levels = [Isa::avx512_bf16(), Isa::avx512_vnni(), Isa::avx512(), Isa::avx2(), Some(Isa::PORTABLE)];
             let best = levels.into_iter().flatten().next().unwrap_or(Isa::PORTABLE);
             let Ok(cap) = std::env::var("BATCH_FORGE_ISA") else { return best };
-            let Some(at) = ["avx512-vnni", "avx512", "avx2", "portable"].iter().position(|n| *n == cap) else {
+            let Some(at) = LEVEL_NAMES.iter().position(|n| *n == cap) else {
                 eprintln!(
-                    "warning: BATCH_FORGE_ISA={cap:?} is not one of avx512-vnni, avx512, avx2, portable; using {}",
+                    "warning: BATCH_FORGE_ISA={cap:?} is not one of {}; using {}",
+                    LEVEL_NAMES.join(", "),
                     best.name()
                 );
                 return best;
@@ -105,16 +124,23 @@ impl Isa {
 
     /// Whether AVX-512 F/BW/VL kernels may run.
     pub fn is_avx512(self) -> bool {
-        matches!(self.0, IsaKind::Avx512 | IsaKind::Avx512Vnni)
+        matches!(self.0, IsaKind::Avx512 | IsaKind::Avx512Vnni | IsaKind::Avx512Bf16)
     }
 
     /// Whether AVX512-VNNI kernels may run.
     pub fn has_vnni(self) -> bool {
-        self.0 == IsaKind::Avx512Vnni
+        matches!(self.0, IsaKind::Avx512Vnni | IsaKind::Avx512Bf16)
+    }
+
+    /// Whether AVX512-BF16 kernels may run: bf16 weight matrices then multiply
+    /// bf16-rounded activations with `vdpbf16ps`, as llama.cpp does for BF16 tensors.
+    pub fn has_bf16(self) -> bool {
+        self.0 == IsaKind::Avx512Bf16
     }
 
     pub fn name(self) -> &'static str {
         match self.0 {
+            IsaKind::Avx512Bf16 => "avx512-bf16",
             IsaKind::Avx512Vnni => "avx512-vnni",
             IsaKind::Avx512 => "avx512",
             IsaKind::Avx2 => "avx2",
@@ -125,6 +151,10 @@ impl Isa {
     /// What the kernels of this path use, for `forge devices` and `forge bench`.
     pub fn features(self) -> &'static str {
         match self.0 {
+            IsaKind::Avx512Bf16 => {
+                "AVX-512 F/BW/VL prefill GEMM, AVX512-VNNI quantized dots, AVX512-BF16 bf16-weight products; \
+                 AVX2/FMA/F16C f32/f16 decode GEMV and elsewhere"
+            }
             IsaKind::Avx512Vnni => {
                 "AVX-512 F/BW/VL prefill GEMM, AVX512-VNNI quantized dots; AVX2/FMA/F16C decode GEMV and elsewhere"
             }
@@ -156,7 +186,7 @@ impl Isa {
     /// Vector width of the widest kernels, in bits.
     pub fn vector_bits(self) -> usize {
         match self.0 {
-            IsaKind::Avx512Vnni | IsaKind::Avx512 => 512,
+            IsaKind::Avx512Bf16 | IsaKind::Avx512Vnni | IsaKind::Avx512 => 512,
             IsaKind::Avx2 => 256,
             IsaKind::Portable => 128,
         }
@@ -805,11 +835,24 @@ pub fn avx512_vnni_or_skip() -> Option<Isa> {
     level_or_skip(Isa::avx512_vnni, "AVX-512 VNNI", &flags)
 }
 
-/// For tests: every path this CPU runs (the AVX-512 levels through [`avx512_vnni_or_skip`]
-/// and [`avx512_or_skip`], AVX2 through [`avx2_or_skip`]), portable last.
+/// For tests: the AVX-512 BF16 path, or a loud skip (a failure under `CI=true` where the
+/// CPU claims the flags).
+#[doc(hidden)]
+pub fn avx512_bf16_or_skip() -> Option<Isa> {
+    let flags = ["avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx2", "fma", "f16c"];
+    level_or_skip(Isa::avx512_bf16, "AVX-512 BF16", &flags)
+}
+
+/// For tests: every path this CPU runs (the AVX-512 levels through [`avx512_bf16_or_skip`],
+/// [`avx512_vnni_or_skip`] and [`avx512_or_skip`], AVX2 through [`avx2_or_skip`]),
+/// portable last.
 #[doc(hidden)]
 pub fn isas_or_skip() -> Vec<Isa> {
-    let simd = [avx512_vnni_or_skip(), avx512_or_skip(), avx2_or_skip()];
+    // The VNNI level runs what the BF16 level runs except bf16-weight products, which the
+    // AVX-512 level runs the same widening way: where BF16 exists, VNNI adds nothing to
+    // test (its detection is still checked).
+    let (bf16, vnni) = (avx512_bf16_or_skip(), avx512_vnni_or_skip());
+    let simd = [bf16, vnni.filter(|_| bf16.is_none()), avx512_or_skip(), avx2_or_skip()];
     simd.into_iter().flatten().chain([Isa::PORTABLE]).collect()
 }
 
