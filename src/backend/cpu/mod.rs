@@ -710,14 +710,21 @@ impl Backend for CpuBackend {
             // A decode step (or little work): the spinning team (a hand-off of ~1 µs) when
             // it is free, tasks dealt round-robin; else rayon when the work is large, one
             // thread when it is small.
+            // A part takes whole groups of query heads that share a KV head (tasks
+            // `g·group .. (g+1)·group`, one row's heads of one group), so the group's
+            // cached rows, read for its first head, are still in this core's caches for
+            // the others.
             let base = TaskOut(out.as_mut_ptr());
+            let group = spec.group().max(1);
             let part = |p: usize| {
-                for task in (p..n_tasks).step_by(threads) {
-                    // SAFETY: task `task` owns `out[task·hd .. (task+1)·hd]`, inside `out`
-                    // (n_tasks·hd ≤ out.len()); each task belongs to exactly one part, and
-                    // `team::run` returns only when every part is done.
-                    let o = unsafe { std::slice::from_raw_parts_mut(base.at(task * hd), hd) };
-                    one((task, o));
+                for g in (p..n_tasks / group).step_by(threads) {
+                    for task in g * group..(g + 1) * group {
+                        // SAFETY: task `task` owns `out[task·hd .. (task+1)·hd]`, inside `out`
+                        // (n_tasks·hd ≤ out.len()); each task belongs to exactly one part, and
+                        // `team::run` returns only when every part is done.
+                        let o = unsafe { std::slice::from_raw_parts_mut(base.at(task * hd), hd) };
+                        one((task, o));
+                    }
                 }
             };
             if threads < 2 || n_tasks < threads || !team::run(threads, &part) {
