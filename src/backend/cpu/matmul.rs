@@ -19,6 +19,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::simd::{self, Isa};
+use super::weights::WeightBuf;
 use crate::backend::WeightDtype;
 
 /// Columns per panel: two AVX2 registers of f32.
@@ -35,9 +36,9 @@ const SKINNY_MAX_ROWS: usize = 32;
 
 /// Panel storage in one of the supported element types.
 pub enum PanelData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
+    F32(WeightBuf<f32>),
+    F16(WeightBuf<f16>),
+    BF16(WeightBuf<bf16>),
 }
 
 pub struct PackedMatrix {
@@ -48,12 +49,14 @@ pub struct PackedMatrix {
 }
 
 impl PackedMatrix {
-    /// Pack `get(k, j)` = W[k][j] (logical `[n_in, n_out]`) into panels of `dtype`.
+    /// Pack `get(k, j)` = W[k][j] (logical `[n_in, n_out]`) into panels of `dtype`, in a
+    /// plain allocation: for products made at run time (attention's keys and values).
     pub fn pack(n_in: usize, n_out: usize, dtype: WeightDtype, get: impl Fn(usize, usize) -> f32 + Sync) -> Self {
-        Self::pack_with(n_in, n_out, dtype, get, |_| {})
+        Self::pack_into(n_in, n_out, dtype, get, |_| {}, false)
     }
 
-    /// [`PackedMatrix::pack`], calling `done(columns)` after each run of output columns is
+    /// Pack a weight matrix as [`PackedMatrix::pack`] does, into huge-page memory
+    /// ([`huge_page_vec`]), calling `done(columns)` after each run of output columns is
     /// packed (in order, [`PACK_CHUNK`] panels at a time), so the caller can give back
     /// the source of those columns while the rest is packed. Values go straight into the
     /// storage type (no f32 copy of a 16-bit matrix).
@@ -64,12 +67,27 @@ impl PackedMatrix {
         get: impl Fn(usize, usize) -> f32 + Sync,
         done: impl FnMut(std::ops::Range<usize>),
     ) -> Self {
+        Self::pack_into(n_in, n_out, dtype, get, done, true)
+    }
+
+    fn pack_into(
+        n_in: usize,
+        n_out: usize,
+        dtype: WeightDtype,
+        get: impl Fn(usize, usize) -> f32 + Sync,
+        done: impl FnMut(std::ops::Range<usize>),
+        weights: bool,
+    ) -> Self {
         let n_panels = n_out.div_ceil(NR);
         let n = n_panels * n_in * NR;
         let data = match dtype {
-            WeightDtype::F32 => PanelData::F32(fill_panels(n, n_in, n_out, 0.0, &get, |x| x, done)),
-            WeightDtype::F16 => PanelData::F16(fill_panels(n, n_in, n_out, f16::ZERO, &get, f16::from_f32, done)),
-            WeightDtype::BF16 => PanelData::BF16(fill_panels(n, n_in, n_out, bf16::ZERO, &get, bf16::from_f32, done)),
+            WeightDtype::F32 => PanelData::F32(fill_panels(n, n_in, n_out, 0.0, &get, |x| x, done, weights)),
+            WeightDtype::F16 => {
+                PanelData::F16(fill_panels(n, n_in, n_out, f16::ZERO, &get, f16::from_f32, done, weights))
+            }
+            WeightDtype::BF16 => {
+                PanelData::BF16(fill_panels(n, n_in, n_out, bf16::ZERO, &get, bf16::from_f32, done, weights))
+            }
         };
         PackedMatrix { n_in, n_out, n_panels, data }
     }
@@ -98,7 +116,7 @@ impl PackedMatrix {
                 }
             }
         }
-        PackedMatrix { n_in, n_out, n_panels, data: PanelData::F32(data) }
+        PackedMatrix { n_in, n_out, n_panels, data: PanelData::F32(data.into()) }
     }
 
     pub fn dtype(&self) -> WeightDtype {
@@ -129,7 +147,9 @@ impl PackedMatrix {
 pub const PACK_CHUNK: usize = 64;
 
 /// `n` panel elements of `[n_panels][n_in][NR]`, element (k, col) = `conv(get(k, col))`,
-/// zero past `n_out`; `done` hears of each finished run of columns.
+/// zero past `n_out`; `done` hears of each finished run of columns. `weights`: in
+/// huge-page memory (else a plain allocation).
+#[allow(clippy::too_many_arguments)]
 fn fill_panels<T: Copy + Send + Sync>(
     n: usize,
     n_in: usize,
@@ -138,8 +158,9 @@ fn fill_panels<T: Copy + Send + Sync>(
     get: &(impl Fn(usize, usize) -> f32 + Sync),
     conv: impl Fn(f32) -> T + Sync,
     mut done: impl FnMut(std::ops::Range<usize>),
-) -> Vec<T> {
-    let mut v = huge_page_vec(n, zero);
+    weights: bool,
+) -> WeightBuf<T> {
+    let mut v = if weights { huge_page_vec(n, zero) } else { vec![zero; n].into() };
     let panel_len = n_in * NR;
     if panel_len == 0 {
         return v;
@@ -159,25 +180,11 @@ fn fill_panels<T: Copy + Send + Sync>(
     v
 }
 
-/// A vector of `n` copies of `value` whose pages the kernel is asked to back with
-/// transparent huge pages: weights are streamed every token, and 2 MiB pages cut TLB
-/// misses on those streams.
-pub fn huge_page_vec<T: Copy>(n: usize, value: T) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let bytes = n * std::mem::size_of::<T>();
-        let start = (v.as_mut_ptr() as usize).next_multiple_of(HUGE);
-        let end = (v.as_mut_ptr() as usize + bytes) & !(HUGE - 1);
-        if end > start {
-            // SAFETY: [start, end) lies inside this Vec's allocation; MADV_HUGEPAGE only
-            // changes how the kernel backs the pages, never their contents. Failure is harmless.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    v.resize(n, value);
-    v
+/// `n` copies of `value` in huge-page memory ([`WeightBuf`]): weights are streamed every
+/// token, and 2 MiB pages let the prefetchers run on across what would be 4 KiB page
+/// boundaries.
+pub fn huge_page_vec<T: Copy>(n: usize, value: T) -> WeightBuf<T> {
+    WeightBuf::filled(n, value)
 }
 
 /// What to do with each output after the dot products: add bias, optionally GELU.

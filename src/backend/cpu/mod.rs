@@ -12,6 +12,7 @@ pub mod matmul;
 pub mod qmatmul;
 pub mod simd;
 pub mod team;
+pub mod weights;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
@@ -425,7 +426,7 @@ impl Backend for CpuBackend {
         Ok(CpuMatrix::Dense(match layout {
             MatrixLayout::InOut => {
                 // Each panel reads a column strip of every row: the source is done at the end.
-                let m = PackedMatrix::pack(rows, cols, dtype, |k, j| at(k * cols + j));
+                let m = PackedMatrix::pack_with(rows, cols, dtype, |k, j| at(k * cols + j), |_| {});
                 crate::loaders::release(b);
                 m
             }

@@ -42,6 +42,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::simd::Isa;
+use super::weights::WeightBuf;
 use crate::loaders::gguf::GgmlType;
 
 /// Values per block, for every type here.
@@ -133,7 +134,7 @@ pub struct QMatrix {
     pub ty: QType,
     pub n_in: usize,
     pub n_out: usize,
-    qs: Vec<u8>,
+    qs: WeightBuf<u8>,
     dm: Scales,
     /// Q6_K's sub-block scales, block by block: the sixteen rows' first-half i8 scale,
     /// then their second-half one (empty for the other types).
@@ -142,8 +143,8 @@ pub struct QMatrix {
 
 /// Stored scales: f16 bits, or f32 where f16 cannot hold them exactly.
 enum Scales {
-    Half(Vec<u16>),
-    Full(Vec<f32>),
+    Half(WeightBuf<u16>),
+    Full(WeightBuf<f32>),
 }
 
 impl Scales {
