@@ -7,13 +7,20 @@
 Starts `llama-server` (one slot, 2 threads) and, for each prompt, asks it for a temperature-0
 continuation of forge's prompt ids with `n_probs: 2` (its top-2 log-probabilities of the raw
 logits at every step), and runs `forge generate --temp 0 --json --logprobs 2` on the same
-prompt; both stop at the model's end-of-generation token (after it the ids mean nothing). Reports how many tokens agree and, at
-the first difference, **llama.cpp's own** top-2 logprob margin there (the issue's test: the
-ids must agree up to the first step where llama.cpp's margin is a near tie) beside forge's,
-the smallest llama.cpp margin over the agreeing prefix (how close a call the agreement
-survived), and the largest gap between the two engines' logprobs of the chosen token over
-that prefix (the scale of their arithmetic difference, against which a margin is a near tie). With --chat each prompt is a user message in the model's chat template (both
-sides get the same token ids). Needs: scripts/build_llama_cpp.sh's build with llama-server.
+prompt; both stop at the model's end-of-generation token (after it the ids mean nothing).
+
+Reports how many tokens agree and, at the first difference, **llama.cpp's own** top-2 logprob
+margin there (the issue's test: the ids must agree up to the first step where llama.cpp's
+margin is a near tie) beside forge's, and the f32 truth's verdict there (`forge serve --dtype
+f32`, equal to HF transformers' f32 logits within 2e-4, scoring the agreed prefix followed by
+each engine's token: positive means the truth prefers llama.cpp's token); the smallest
+llama.cpp margin over the agreeing prefix (how close a call the agreement survived) and the
+largest gap between the two engines' logprobs of the chosen token over it. Then both engines'
+logprobs of llama.cpp's tokens against the truth's, teacher-forced along llama.cpp's path
+(forge's rows do not depend on the batch, so scoring the path as one prompt gives its decode
+steps' numbers). With --chat each prompt is a user message in the model's chat template
+(both sides get the same token ids). Needs: scripts/build_llama_cpp.sh's build with
+llama-server, and target/release/forge.
 """
 
 import argparse
@@ -87,18 +94,19 @@ def main():
     ap.add_argument("--kv-dtype", default="f32", help="forge's KV cache (f32, its default; llama.cpp's is f16)")
     args = ap.parse_args()
     prompts = args.prompts.read_text().splitlines() if args.prompts else DEFAULT_PROMPTS
-    port, truth_port = free_port(), free_port()
-    server = start_server([args.llama_cpp / "build/bin/llama-server", "-m", args.model, "-t", "2", "-np", "1",
-                           "-c", "4096"], port)
-    # forge's f32 path (dequantized weights, f32 activations) equals HF transformers' f32 run within
-    # 2e-4 (tests/model_llama.rs): the truth both quantized engines approximate.
-    truth = start_server([FORGE, "serve", "-m", args.model, "--dtype", "f32", "-np", "1", "-t", "2"], truth_port)
-    quant_port = free_port()
-    quant = start_server([FORGE, "serve", "-m", args.model, "-np", "1", "-t", "2", "--kv-dtype", args.kv_dtype],
-                         quant_port)
+    port, truth_port, quant_port = free_port(), free_port(), free_port()
     rows = []
     errors = {"llama.cpp": [], "forge": []}
+    servers = []
     try:
+        servers.append(start_server([args.llama_cpp / "build/bin/llama-server", "-m", args.model, "-t", "2",
+                                     "-np", "1", "-c", "4096"], port))
+        # forge's f32 path (dequantized weights, f32 activations) equals HF transformers' f32 run
+        # within 2e-4 (tests/model_llama.rs): the truth both quantized engines approximate.
+        servers.append(start_server([FORGE, "serve", "-m", args.model, "--dtype", "f32", "-np", "1", "-t", "2"],
+                                    truth_port))
+        servers.append(start_server([FORGE, "serve", "-m", args.model, "-np", "1", "-t", "2", "--kv-dtype",
+                                     args.kv_dtype], quant_port))
         for prompt in prompts:
             flags = ["--chat"] if args.chat else []
             ours = json.loads(forge("generate", "-m", str(args.model), "-p", prompt, "--temp", "0",
@@ -127,13 +135,13 @@ def main():
             if agree < len(mine) and agree < len(theirs):
                 theirs_margin = margin(steps[agree]["top_logprobs"])
                 ours_margin = margin(ours["logprobs"][agree]["top_logprobs"])
-                at = post(f"http://127.0.0.1:{truth_port}/v1/completions", {
-                    "prompt": ours["prompt_ids"] + mine[:agree], "max_tokens": 1, "temperature": 0,
-                    "logprobs": 2})["choices"][0]["logprobs"]["top_logprobs"][0]
-                best = sorted(at.items(), key=lambda kv: kv[1], reverse=True)
-                picks = [name for name, text in (("forge", ours["logprobs"][agree]["top_logprobs"][0]["text"]),
-                                                 ("llama.cpp", steps[agree]["token"])) if text == best[0][0]]
-                truth_margin = f"{best[0][1] - best[1][1]:.3f} ({' and '.join(picks) or 'neither'})"
+                # The truth's logprobs of the two tokens, by id: each scored as the last token
+                # of the agreed prefix followed by it.
+                def truth_lp(token):
+                    return post(f"http://127.0.0.1:{truth_port}/v1/completions", {
+                        "prompt": ours["prompt_ids"] + mine[:agree] + [token], "max_tokens": 0, "echo": True,
+                        "logprobs": 1})["choices"][0]["logprobs"]["token_logprobs"][-1]
+                truth_margin = truth_lp(theirs[agree]) - truth_lp(mine[agree])
             closest = min((margin(step["top_logprobs"]) for step in steps[:agree]), default=None)
             # How far apart the two engines' numbers are where they agree: the chosen token's logprob.
             gap = max((abs(step["logprob"] - lp["logprob"]) for step, lp in zip(steps[:agree], ours["logprobs"])),
@@ -142,11 +150,15 @@ def main():
             rows.append((prompt, agree, n, theirs_margin, ours_margin, truth_margin, closest, gap, ours["text"][:40],
                          reply["content"][:40]))
     finally:
-        for proc in (server, truth, quant):
+        for proc in servers:
             proc.terminate()
-            proc.wait(timeout=30)
+        for proc in servers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     print("| prompt | tokens equal | first difference: llama.cpp's top-2 margin | forge's there "
-          "| f32 truth's there (whose token it is) | smallest llama.cpp margin before it "
+          "| f32 truth there: lp(llama.cpp's) − lp(forge's) | smallest llama.cpp margin before it "
           "| largest logprob gap before it | forge | llama.cpp |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     fmt = lambda m: "-" if m is None else m if isinstance(m, str) else f"{m:.3f}"  # noqa: E731
@@ -161,6 +173,9 @@ def main():
     print("| --- | ---: | ---: | ---: |")
     for name, errs in errors.items():
         errs = sorted(errs)
+        if not errs:
+            print(f"| {name} | - | - | - |")
+            continue
         print(f"| {name} | {sum(errs) / len(errs):.4f} | {errs[len(errs) // 2]:.4f} | {errs[-1]:.4f} |")
 
 if __name__ == "__main__":

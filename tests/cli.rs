@@ -971,7 +971,11 @@ fn a_software_adapter_is_named_as_such() {
 fn devices_and_bench_name_the_cpu_kernels() {
     let m = fixture("tiny-gpt2");
     let m = m.to_str().unwrap();
-    for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+    use batch_forge::backend::cpu::simd::{avx512_vnni_or_skip, isas_or_skip};
+    // Every level the suite runs, and the VNNI one (which it skips where BF16 exists).
+    let mut isas = isas_or_skip();
+    isas.extend(avx512_vnni_or_skip().filter(|v| !isas.contains(v)));
+    for isa in isas {
         let want = format!("kernels: {} ({}-bit vectors: {})", isa.name(), isa.vector_bits(), isa.features());
         let env = [("BATCH_FORGE_ISA", isa.name())];
         // Without a GPU driver `devices` fails after the cpu line; the line is what counts.
@@ -981,6 +985,9 @@ fn devices_and_bench_name_the_cpu_kernels() {
         let o = forge_env(&["bench", "-m", m, "-p", "4", "-n", "0", "-r", "1"], &env);
         assert!(o.status.success(), "{}", stderr(&o));
         let err = stderr(&o);
-        assert!(err.lines().any(|l| l.starts_with("cpu: ") && l.contains(&want)), "{isa:?}: {err}");
+        assert!(
+            err.lines().any(|l| l.starts_with("cpu: ") && l.contains(&want) && l.contains("FMA peak ≈")),
+            "{isa:?}: {err}"
+        );
     }
 }

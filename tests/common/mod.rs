@@ -139,18 +139,23 @@ impl RoundedReference {
 /// flips are rare but real, so an f16 KV cache is held to half of what rounding keys and
 /// values to f16 moves the reference's own logits (its f16-KV vs f32-KV distance, both
 /// computed by the reference, not by the backend under test). Not rounding at all, or
-/// rounding to bf16, lands at or beyond that full distance and fails. Activations rounded
-/// to bf16 (one step: 2⁻⁸ relative) are held the same way: to half of what that rounding
-/// moves the reference's logits.
+/// rounding to bf16, lands at or beyond that full distance and fails.
+///
+/// Activations rounded to bf16 before each weight product (the AVX512-BF16 path) flip
+/// the same way, one bf16 step (2⁻⁸ relative) where an activation sits within f32 noise
+/// of a rounding boundary, but each flip moves one product of thousands: they are held to
+/// a twentieth of what that rounding moves the reference's logits (on tiny-gpt2: 2.1e-3
+/// against a measured 1.4e-6; not rounding them lands at the full distance, 4.2e-2; a
+/// kernel summing each output in two chains instead of one flipped enough to reach 2.1e-2).
 pub fn lossy_tolerance(rounded: &RoundedReference, checkpoint: &str) -> f32 {
     if !rounded.kv_f16 && !rounded.bf16_activations {
         return LOGIT_TOL;
     }
     let with = Engine::load(RoundedReference { ..*rounded }, &fixture(checkpoint)).unwrap();
-    let without =
-        Engine::load(RoundedReference { kv_f16: false, bf16_activations: false, ..*rounded }, &fixture(checkpoint))
-            .unwrap();
-    (0.5 * max_logit_diff(&with, &without, checkpoint)).max(LOGIT_TOL)
+    let without = RoundedReference { kv_f16: false, bf16_activations: false, ..*rounded };
+    let without = Engine::load(without, &fixture(checkpoint)).unwrap();
+    let share = if rounded.kv_f16 { 0.5 } else { 0.05 };
+    (share * max_logit_diff(&with, &without, checkpoint)).max(LOGIT_TOL)
 }
 
 pub fn round_to(dtype: WeightDtype, v: &[f32]) -> Vec<f32> {

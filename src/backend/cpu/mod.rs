@@ -714,9 +714,11 @@ impl Backend for CpuBackend {
             // A part takes whole groups of query heads that share a KV head (tasks
             // `g·group .. (g+1)·group`, one row's heads of one group), so the group's
             // cached rows, read for its first head, are still in this core's caches for
-            // the others.
+            // the others; when there are too few groups to keep every thread busy, heads
+            // are dealt one by one.
             let base = TaskOut(out.as_mut_ptr());
             let group = spec.group().max(1);
+            let group = if n_tasks / group >= 2 * threads { group } else { 1 };
             let part = |p: usize| {
                 for g in (p..n_tasks / group).step_by(threads) {
                     for task in g * group..(g + 1) * group {
