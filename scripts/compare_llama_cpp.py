@@ -161,7 +161,7 @@ def main():
           "| f32 truth there: lp(llama.cpp's) − lp(forge's) | smallest llama.cpp margin before it "
           "| largest logprob gap before it | forge | llama.cpp |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
-    fmt = lambda m: "-" if m is None else m if isinstance(m, str) else f"{m:.3f}"  # noqa: E731
+    fmt = lambda m: "-" if m is None else f"{m:.3f}"  # noqa: E731
     for prompt, agree, n, theirs_m, ours_m, truth_m, closest, gap, a, b in rows:
         print(f"| {prompt!r} | {agree}/{n} | {fmt(theirs_m)} | {fmt(ours_m)} | {fmt(truth_m)} | {fmt(closest)} "
               f"| {fmt(gap)} | {a!r} | {b!r} |")

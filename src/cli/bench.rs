@@ -529,7 +529,7 @@ fn bench_flops(args: &BenchArgs) -> anyhow::Result<()> {
 /// Read a 1 GiB buffer (huge pages) with all threads; report the median of `-r` runs.
 fn bench_memory(args: &BenchArgs) -> anyhow::Result<()> {
     let n = 256 << 20;
-    let data = batch_forge::backend::cpu::matmul::huge_page_vec(n, 1.0f32);
+    let data = batch_forge::backend::cpu::weights::WeightBuf::filled(n, 1.0f32);
     let isa = simd::Isa::detect();
     let threads = if args.threads.is_empty() { vec![super::physical_cores()] } else { args.threads.clone() };
     super::outln!("| test | threads | GB/s (median) | GB/s (best) |");

@@ -56,7 +56,7 @@ impl PackedMatrix {
     }
 
     /// Pack a weight matrix as [`PackedMatrix::pack`] does, into huge-page memory
-    /// ([`huge_page_vec`]), calling `done(columns)` after each run of output columns is
+    /// ([`WeightBuf`]), calling `done(columns)` after each run of output columns is
     /// packed (in order, [`PACK_CHUNK`] panels at a time), so the caller can give back
     /// the source of those columns while the rest is packed. Values go straight into the
     /// storage type (no f32 copy of a 16-bit matrix).
@@ -160,7 +160,7 @@ fn fill_panels<T: Copy + Send + Sync>(
     mut done: impl FnMut(std::ops::Range<usize>),
     weights: bool,
 ) -> WeightBuf<T> {
-    let mut v = if weights { huge_page_vec(n, zero) } else { vec![zero; n].into() };
+    let mut v = if weights { WeightBuf::filled(n, zero) } else { vec![zero; n].into() };
     let panel_len = n_in * NR;
     if panel_len == 0 {
         return v;
@@ -178,13 +178,6 @@ fn fill_panels<T: Copy + Send + Sync>(
         done(c * PACK_CHUNK * NR..((c + 1) * PACK_CHUNK * NR).min(n_out));
     }
     v
-}
-
-/// `n` copies of `value` in huge-page memory ([`WeightBuf`]): weights are streamed every
-/// token, and 2 MiB pages let the prefetchers run on across what would be 4 KiB page
-/// boundaries.
-pub fn huge_page_vec<T: Copy>(n: usize, value: T) -> WeightBuf<T> {
-    WeightBuf::filled(n, value)
 }
 
 /// What to do with each output after the dot products: add bias, optionally GELU.

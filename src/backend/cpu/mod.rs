@@ -709,12 +709,11 @@ impl Backend for CpuBackend {
             out.par_chunks_mut(hd).enumerate().for_each(one);
         } else {
             // A decode step (or little work): the spinning team (a hand-off of ~1 µs) when
-            // it is free, tasks dealt round-robin; else rayon when the work is large, one
-            // thread when it is small.
-            // A part takes whole groups of query heads that share a KV head (tasks
-            // `g·group .. (g+1)·group`, one row's heads of one group), so the group's
-            // cached rows, read for its first head, are still in this core's caches for
-            // the others; when there are too few groups to keep every thread busy, heads
+            // it is free, else rayon when the work is large, one thread when it is small.
+            // The team's parts are dealt round-robin whole groups of query heads that share
+            // a KV head (tasks `g·group .. (g+1)·group`: one row's heads of one group), so
+            // the group's cached rows, read for its first head, are still in that core's
+            // caches for the others; with too few groups to keep every thread busy, heads
             // are dealt one by one.
             let base = TaskOut(out.as_mut_ptr());
             let group = spec.group().max(1);

@@ -150,8 +150,7 @@ enum Scales {
 impl Scales {
     /// `n` zero scales (in huge pages, as the quants).
     fn zeros(half: bool, n: usize) -> Scales {
-        use super::matmul::huge_page_vec;
-        if half { Scales::Half(huge_page_vec(n, 0)) } else { Scales::Full(huge_page_vec(n, 0.0)) }
+        if half { Scales::Half(WeightBuf::filled(n, 0)) } else { Scales::Full(WeightBuf::filled(n, 0.0)) }
     }
 
     fn set(&mut self, i: usize, v: f32) {
@@ -422,7 +421,7 @@ impl QMatrix {
         let (qb, ns) = (ty.quant_bytes(), ty.scales());
         let n_panels = n_out.div_ceil(PANEL);
         let panel_scales = nb * ns * PANEL;
-        let mut qs = super::matmul::huge_page_vec(n_panels * nb * PANEL * qb, 0u8);
+        let mut qs = WeightBuf::filled(n_panels * nb * PANEL * qb, 0u8);
         let mut dm = Scales::zeros(half, n_panels * panel_scales);
         let mut subs = vec![0i8; if ty == QType::Q6K { n_panels * nb * 2 * PANEL } else { 0 }];
         let mut q = [0u8; QK];

@@ -107,7 +107,8 @@ impl<T: Copy> WeightBuf<T> {
     }
 
     /// Whether the buffer lives in a huge-page region (else a plain allocation).
-    pub fn in_region(&self) -> bool {
+    #[cfg(test)]
+    fn in_region(&self) -> bool {
         matches!(self.inner, Inner::Carved { .. })
     }
 }
