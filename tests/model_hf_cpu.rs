@@ -41,7 +41,8 @@ fn f16_checkpoint_kept_as_f16_matches_hf() {
 /// Converting f32 weights to 16 bits or storing the KV cache in f16 is lossy, so HF's
 /// logits are no yardstick for the kernels. The yardstick is the reference backend fed
 /// the same rounded weights and keys/values: the cpu backend must then agree with it
-/// (f32 tolerance for rounded weights; see `lossy_tolerance` for the f16 KV cache) and
+/// (f32 tolerance for rounded weights; see `lossy_tolerance` for the f16 KV cache and for
+/// the bf16-rounded activations of the AVX512-BF16 path) and
 /// give the same greedy ids. (The error against HF, which the rounding alone causes, is
 /// printed for the notes.)
 #[test]

@@ -1280,8 +1280,9 @@ mod tests {
             0.0f32,
             -0.0,
             1.0,
-            1.0 + f32::EPSILON * 64.0,  // a tie that rounds to even (down)
-            1.0 + f32::EPSILON * 192.0, // a tie that rounds to even (up)
+            f32::from_bits(0x3F80_8000), // 1 + 2⁻⁸: a tie, to even (down, 0x3F80)
+            f32::from_bits(0x3F81_8000), // 1 + 3·2⁻⁸: a tie, to even (up, 0x3F82)
+            f32::from_bits(0x3F80_8001), // just above a tie: up (0x3F81)
             f32::MIN_POSITIVE / 3.0,
             -f32::MIN_POSITIVE / 7.0,
             f32::MAX,
@@ -1293,7 +1294,7 @@ mod tests {
             f32::from_bits(0x7f80_0001), // a signalling NaN
             3.4e38,
         ];
-        specials.extend(values(1000, 31).iter().map(|v| v * 1e4));
+        specials.extend(values(999, 31).iter().map(|v| v * 1e4));
         let n_in = specials.len(); // odd: the last pair is padded
         assert_eq!(n_in % 2, 1);
         let mut pairs = Vec::new();
@@ -1309,6 +1310,8 @@ mod tests {
             }
         }
         assert_eq!(pairs[n_in / 2] >> 16, 0, "pad");
+        // The ties, spelled out (not only as `half` rounds them).
+        assert_eq!((pairs[1] >> 16, pairs[2] & 0xFFFF, pairs[2] >> 16), (0x3F80, 0x3F82, 0x3F81), "ties to even");
         // Many rows (the parallel conversion) give the same bits as one at a time.
         let (rows, n) = (97, 1001);
         let x: Vec<f32> = values(rows * n, 32).iter().map(|v| v * 100.0).collect();

@@ -653,6 +653,8 @@ pub fn quantize_rows(isa: Isa, x: &[f32], rows: usize, n: usize, out: &mut Q8Row
     meta.resize(rows * nb, (0.0, 0.0, 0, 0));
     #[cfg(target_arch = "x86_64")]
     let wide = isa.is_avx512(); // F/BW/VL, AVX2, FMA, F16C detected
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa; // one quantizer off x86
     // Rows `first ..` of `x` into their quants `q` and block metadata `m`.
     let run = |first: usize, q: &mut [i8], m: &mut [BlockMeta]| {
         let xs = &x[first * n..first * n + q.len()];
