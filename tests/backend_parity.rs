@@ -643,7 +643,7 @@ fn quantized_kernels_agree_on_this_pool() {
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
         // Shapes: partial panels of 7, 13, 4 rows; rows in chunks of eight, then of four,
-        // then 1-3 (VNNI; two at a time on AVX2): 5-7, 9, 11, 13, 14, 17, 33 rows;
+        // then 1-3 (VNNI; on AVX2 four at a time for Q8_0, else two): 5-7, 9, 11, 13, 14, 17, 33 rows;
         // (70, 512, 9) runs five panels on the thread team. Cases 5 and 9 have every
         // weight and activation at its extreme (Q8_0 -128, nibbles 15, q = ±127), case 9
         // with 11 rows (a chunk of eight, then three). Cases 6-8 end rows in a partial quad

@@ -36,7 +36,8 @@
 //! own 32-bit lane. A block's integer sums thus come out one row per lane, with no
 //! transposes or horizontal adds, and are scaled by one vector multiply and FMA per block
 //! and activation row. Each weight block, loaded and unpacked once, meets up to eight
-//! activation rows (two on AVX2). Measured in `docs/benchmarks.md` ("Sixteen-row panels").
+//! activation rows (on AVX2 four for Q8_0, two for the others). Measured in
+//! `docs/benchmarks.md` ("Sixteen-row panels").
 
 use half::f16;
 use rayon::prelude::*;
@@ -747,8 +748,15 @@ pub fn quantize_rows(isa: Isa, x: &[f32], rows: usize, n: usize, out: &mut Q8Row
 /// pp512, Zen 4). The AVX2 kernel, with half the registers, takes [`TOKENS_AVX2`].
 const TOKENS: usize = 8;
 
-/// See [`TOKENS`].
-const TOKENS_AVX2: usize = 2;
+/// See [`TOKENS`]: at most four on AVX2, four for Q8_0 (its weights' load and `psignb`
+/// shared by four rows: a 16-sequence GPT-2 Q8_0 decode step +5-8% over two on a Zen 3),
+/// two for the others (Q4_1 at four spilled: SmolLM2's 16-sequence step −5-8%).
+const TOKENS_AVX2: usize = 4;
+
+/// Activation rows per AVX2 kernel call for weights of type `ty` (see [`TOKENS_AVX2`]).
+fn tokens_avx2(ty: QType) -> usize {
+    if ty == QType::Q8_0 { TOKENS_AVX2 } else { 2 }
+}
 
 /// Products of up to this many activation rows (decode, alone or batched) run on the
 /// spinning thread team, one contiguous run of panels per thread, each panel meeting every
@@ -769,7 +777,7 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
     // for every token through a raw pointer.
     let out_ptr = OutPtr(out.as_mut_ptr());
     let n_panels = n_out.div_ceil(PANEL);
-    let chunk = if isa.has_vnni() { TOKENS } else { TOKENS_AVX2 };
+    let chunk = if isa.has_vnni() { TOKENS } else { tokens_avx2(w.ty) };
     // Panel p against every activation row, `chunk` rows a call, written to the output.
     // (`sums`: the kernel's output, one per claim of panels — four, or two when helping
     // — rather than one per panel: zeroing it, a `memset` call, showed in batched-decode
@@ -914,10 +922,12 @@ fn panel_dot(
                         }
                     }
                 } else {
-                    assert!(n <= TOKENS_AVX2);
+                    assert!(n <= tokens_avx2(w.ty));
                     match n {
                         1 => call!(panel_dot_avx2, $ty, $h, 1),
-                        _ => call!(panel_dot_avx2, $ty, $h, 2),
+                        2 => call!(panel_dot_avx2, $ty, $h, 2),
+                        3 => call!(panel_dot_avx2, $ty, $h, 3),
+                        _ => call!(panel_dot_avx2, $ty, $h, 4),
                     }
                 }
             };
