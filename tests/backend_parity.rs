@@ -623,7 +623,8 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
 /// The quantized kernels follow one order of arithmetic (see `qmatmul`'s module doc): the
 /// AVX2 and AVX-512 VNNI kernels equal the portable path bit for bit, and each activation row's outputs are
 /// the same bits whether it is multiplied alone (decode) or among others (prefill, chunks
-/// of two or four and remainders, on one thread, rayon or the two-thread team): what the
+/// of eight (VNNI), four (AVX2 Q8_0) or two (other AVX2 types) and remainders, on one
+/// thread, rayon or the two-thread team): what the
 /// server's batch invariance rests on.
 #[test]
 fn quantized_kernels_agree_bit_for_bit_whatever_the_rows() {

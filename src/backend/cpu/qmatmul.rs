@@ -745,15 +745,18 @@ pub fn quantize_rows(isa: Isa, x: &[f32], rows: usize, n: usize, out: &mut Q8Row
 /// Activation rows per kernel call on AVX-512 VNNI: each block of weights, loaded and
 /// unpacked once, meets this many (kernels for 1-4 and 8 rows; 16 chains of integer sums
 /// in registers at 8). Eight rather than four: prefill +8% (GPT-2 q8_0 and SmolLM2 Q4_1
-/// pp512, Zen 4). The AVX2 kernel, with half the registers, takes [`TOKENS_AVX2`].
+/// pp512, Zen 4). The AVX2 kernel, with half the registers, takes at most
+/// [`TOKENS_AVX2`], per type ([`tokens_avx2`]).
 const TOKENS: usize = 8;
 
 /// See [`TOKENS`]: at most four on AVX2, four for Q8_0 (its weights' load and `psignb`
-/// shared by four rows: a 16-sequence GPT-2 Q8_0 decode step +5-8% over two on a Zen 3),
-/// two for the others (Q4_1 at four spilled: SmolLM2's 16-sequence step −5-8%).
+/// shared by four rows: a 16-sequence GPT-2 Q8_0 decode step +5-13% over two on a Zen 3,
+/// `docs/benchmarks.md`), two for the others (Q4_1 at four spilled: SmolLM2's 16-sequence
+/// step −5-8%).
 const TOKENS_AVX2: usize = 4;
 
-/// Activation rows per AVX2 kernel call for weights of type `ty` (see [`TOKENS_AVX2`]).
+/// Activation rows per AVX2 kernel call for weights of type `ty` (see [`TOKENS_AVX2`]);
+/// the portable path takes the same chunks (it runs any count a row at a time).
 fn tokens_avx2(ty: QType) -> usize {
     if ty == QType::Q8_0 { TOKENS_AVX2 } else { 2 }
 }
@@ -786,7 +789,8 @@ pub fn qmatmul(isa: Isa, w: &QMatrix, xq: &Q8Rows, t_rows: usize, out: &mut [f32
         let cols = (n_out - p * PANEL).min(PANEL);
         let mut t = 0;
         while t < t_rows {
-            // Eight rows a call where eight remain, else up to four (kernels exist for 1-4, 8).
+            // `chunk` rows a call where `chunk` remain, else the rest (at most four: kernels
+            // exist for 1-4 and 8 rows).
             let n = if t_rows - t >= chunk { chunk } else { (t_rows - t).min(chunk.min(4)) };
             // What this call prefetches: the first of several calls on a panel, the next
             // panel, to L2 while this one is worked from cache; otherwise (one call per
@@ -858,7 +862,8 @@ enum Ahead {
 }
 
 /// The sixteen rows of panel `p` against activation rows `t .. t + n` (n in 1..=4 or
-/// [`TOKENS`] = 8; n ≤ [`TOKENS_AVX2`] on the AVX2 kernel): `sums[i][r]` = row `16p + r` ·
+/// [`TOKENS`] = 8; on the AVX2 kernel n ≤ [`tokens_avx2`]`(w.ty)`, four for Q8_0, else
+/// two): `sums[i][r]` = row `16p + r` ·
 /// activation row `t + i` (rows past the matrix's end, zero padding, give zeros).
 #[allow(clippy::too_many_arguments)]
 fn panel_dot(
@@ -906,10 +911,29 @@ fn panel_dot(
                 }
             };
         }
+        // The AVX2 kernel for 1-4 rows (Q8_0, type 0) or 1-2 rows (the others: no kernels
+        // compiled that could never run).
+        macro_rules! avx2 {
+            (0, $h:literal) => {
+                match n {
+                    1 => call!(panel_dot_avx2, 0, $h, 1),
+                    2 => call!(panel_dot_avx2, 0, $h, 2),
+                    3 => call!(panel_dot_avx2, 0, $h, 3),
+                    _ => call!(panel_dot_avx2, 0, $h, 4),
+                }
+            };
+            ($ty:literal, $h:literal) => {
+                match n {
+                    1 => call!(panel_dot_avx2, $ty, $h, 1),
+                    _ => call!(panel_dot_avx2, $ty, $h, 2),
+                }
+            };
+        }
         // One kernel per (type, scale width, activation rows): VNNI where the CPU has it,
         // else AVX2.
+        // (`tt`, not `literal`: a forwarded `literal` fragment would not match `avx2!`'s `0`.)
         macro_rules! go {
-            ($ty:literal, $h:literal) => {
+            ($ty:tt, $h:tt) => {
                 if isa.has_vnni() {
                     match n {
                         1 => call!(panel_dot_vnni, $ty, $h, 1),
@@ -923,12 +947,7 @@ fn panel_dot(
                     }
                 } else {
                     assert!(n <= tokens_avx2(w.ty));
-                    match n {
-                        1 => call!(panel_dot_avx2, $ty, $h, 1),
-                        2 => call!(panel_dot_avx2, $ty, $h, 2),
-                        3 => call!(panel_dot_avx2, $ty, $h, 3),
-                        _ => call!(panel_dot_avx2, $ty, $h, 4),
-                    }
+                    avx2!($ty, $h)
                 }
             };
         }
