@@ -750,7 +750,7 @@ pub fn quantize_rows(isa: Isa, x: &[f32], rows: usize, n: usize, out: &mut Q8Row
 const TOKENS: usize = 8;
 
 /// See [`TOKENS`]: at most four on AVX2, four for Q8_0 (its weights' load and `psignb`
-/// shared by four rows: a 16-sequence GPT-2 Q8_0 decode step +5-13% over two on a Zen 3,
+/// shared by four rows: a 16-sequence GPT-2 Q8_0 decode step +5-20% over two on a Zen 3,
 /// `docs/benchmarks.md`), two for the others (Q4_1 at four spilled: SmolLM2's 16-sequence
 /// step −5-8%).
 const TOKENS_AVX2: usize = 4;
