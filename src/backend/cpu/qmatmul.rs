@@ -605,6 +605,17 @@ fn quantize_block_by(
     (d, s, sum, sum_lo)
 }
 
+/// `d` and `s` rounded to f16 (nearest even, as `half` rounds) and back, through F16C: the
+/// vector quantizers' `to_f16`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "f16c")]
+fn f16c_round_pair(d: f32, s: f32) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    let v = _mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, s, 0.0, 0.0)));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
+}
+
 /// [`quantize_block`], the same source compiled for AVX-512, where the compiler vectorizes
 /// it sixteen wide (the baseline build has 128-bit SSE only), with the sums as two
 /// widening vector reductions and `d`, `s` through F16C (the compiler had left 32 scalar
@@ -626,11 +637,7 @@ fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
             (lo + half(16), lo)
         }
     };
-    let to_f16 = |d: f32, s: f32| {
-        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, s, 0.0, 0.0));
-        let v = _mm_cvtph_ps(h);
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
-    };
+    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s); // F16C is enabled here
     // A tree of maxima (the fold above is a chain of 32 dependent ones).
     let amax = |xb: &[f32; QK]| {
         // SAFETY: `xb` holds 32 floats; AVX-512 F is enabled for this function.
@@ -665,11 +672,7 @@ fn quantize_block_avx2(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
             (lo + half(16), lo)
         }
     };
-    let to_f16 = |d: f32, s: f32| {
-        let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_setr_ps(d, s, 0.0, 0.0));
-        let v = _mm_cvtph_ps(h);
-        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v)))
-    };
+    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s); // F16C is enabled here
     // A tree of maxima of the magnitudes (sign bits cleared), as on AVX-512.
     let amax = |xb: &[f32; QK]| {
         // SAFETY: `xb` holds 32 floats; AVX is enabled for this function.
