@@ -294,7 +294,8 @@ fn forge(args: &[&str], stdin: Option<&str>) -> std::process::Output {
 }
 
 /// `-m FILE.gguf` works from the command line as a user types it: generate (greedy ids
-/// equal HF's from the same file), tokenize, and a clear error for --chat without a template.
+/// equal HF's from the same file), tokenize, bench (llama-bench's tests on the quantized
+/// weights), and a clear error for --chat without a template.
 #[test]
 fn gguf_models_from_the_command_line() {
     let dir = fixture("tiny-llama");
@@ -327,6 +328,18 @@ fn gguf_models_from_the_command_line() {
     let o = forge(&["tokenize", "-m", m, run["prompt"].as_str().unwrap()], None);
     let got: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(got, ids(&run["prompt_ids"]));
+    let o = forge(&["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp8", "tg4"]);
+    for r in &rows {
+        // The weights stay Q4_0 (no f32 copy), and every rate is a real one.
+        assert_eq!(r["dtype"], "q4_0", "{r}");
+        let ts = r["avg_ts"].as_f64().unwrap();
+        assert!(ts.is_finite() && ts > 0.0, "{r}");
+    }
     let o = forge(&["generate", "-m", m, "--chat", "-p", "hi"], None);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("no chat template"), "{err}");
