@@ -1,0 +1,203 @@
+//! The arithmetic ceiling of one core for batched decode, in the shapes of the AVX2 kernels:
+//! how many multiply-adds a second the Q8_0 inner step (`qmatmul`'s four-row AVX2 path) and
+//! the f32 micro-kernel (`matmul`'s 6 × 16 tile) can do when their operands sit in L1, so
+//! that memory is out of the picture. `docs/benchmarks.md` and `docs/serving.md` turn these
+//! into the most tokens/s a 16-sequence decode step can reach on the host.
+//!
+//! `cargo run --release --example int8_ceiling` (x86-64 with AVX2 and FMA; elsewhere it says so).
+
+#[cfg(target_arch = "x86_64")]
+mod probe {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// Bytes of Q8_0 weights (or f32 panel floats × 4) swept again and again: fits L1 (32 KiB).
+    const WEIGHT_BYTES: usize = 8192;
+
+    /// The Q8_0 step of `panel_dot_avx2` with four activation rows: per 32 weight bytes
+    /// (8 outputs × 4 inputs) one `psignb` for |w|, then per row a broadcast of 4 activation
+    /// bytes, `psignb`, `vpmaddubsw`, `vpmaddwd` and `vpaddd`. Returns a checksum.
+    ///
+    /// # Safety
+    /// AVX2 is available.
+    #[target_feature(enable = "avx2")]
+    unsafe fn q8_0_step(w: &[i8], x: &[i8], reps: usize) -> i32 {
+        assert!(w.len() >= WEIGHT_BYTES && x.len() >= 4 * 64);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_si256(); 2]; 4];
+        for _ in 0..reps {
+            for st in 0..WEIGHT_BYTES / 64 {
+                for h in 0..2 {
+                    // SAFETY: 64 · st + 32 · h + 32 ≤ WEIGHT_BYTES ≤ w.len() (asserted above).
+                    let q = unsafe { _mm256_loadu_si256(w.as_ptr().add(64 * st + 32 * h) as *const __m256i) };
+                    let a = _mm256_sign_epi8(q, q);
+                    for (i, acc_i) in acc.iter_mut().enumerate() {
+                        // SAFETY: i · 64 + 4 · (st % 16) + 4 ≤ 256 ≤ x.len() (asserted above).
+                        let x4 = unsafe { (x.as_ptr().add(i * 64 + (st % 16) * 4) as *const i32).read_unaligned() };
+                        let p16 = _mm256_maddubs_epi16(a, _mm256_sign_epi8(_mm256_set1_epi32(x4), q));
+                        acc_i[h] = _mm256_add_epi32(acc_i[h], _mm256_madd_epi16(p16, ones));
+                    }
+                }
+            }
+        }
+        let mut r = _mm256_setzero_si256();
+        for row in acc {
+            for v in row {
+                r = _mm256_add_epi32(r, v);
+            }
+        }
+        _mm256_extract_epi32::<0>(r)
+    }
+
+    /// The Q4_0/Q4_1 step of `panel_dot_avx2` (two activation rows): per 32 weight bytes
+    /// (8 outputs × 8 inputs as low and high nibbles) the nibbles split once, then per row two
+    /// broadcasts, two `vpmaddubsw` and a 16-bit add; per block of 32 inputs (4 steps) each
+    /// row's 16-bit sums widened (`vpmaddwd`), converted and scaled into f32 (`vfmadd231ps`).
+    /// Returns a checksum.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q4_step(w: &[i8], x: &[i8], reps: usize) -> f32 {
+        assert!(w.len() >= WEIGHT_BYTES && x.len() >= 4 * 64);
+        let (ones, m4) = (_mm256_set1_epi16(1), _mm256_set1_epi8(0x0F));
+        let scale = _mm256_set1_ps(1e-6);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+        for _ in 0..reps {
+            for blk in 0..WEIGHT_BYTES / 256 {
+                let mut isum = [[_mm256_setzero_si256(); 2]; 2];
+                for st in 0..4 {
+                    for h in 0..2 {
+                        // SAFETY: 256 · blk + 64 · st + 32 · h + 32 ≤ WEIGHT_BYTES ≤ w.len().
+                        let q = unsafe {
+                            _mm256_loadu_si256(w.as_ptr().add(256 * blk + 64 * st + 32 * h) as *const __m256i)
+                        };
+                        let lo = _mm256_and_si256(q, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+                        for (i, isum_i) in isum.iter_mut().enumerate() {
+                            // SAFETY: i · 64 + 16 + 4 · st + 4 ≤ 256 ≤ x.len() (asserted above).
+                            let (xl, xh) = unsafe {
+                                let p = x.as_ptr().add(i * 64 + 4 * st);
+                                ((p as *const i32).read_unaligned(), (p.add(16) as *const i32).read_unaligned())
+                            };
+                            let pair = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
+                                _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)),
+                            );
+                            isum_i[h] = _mm256_add_epi16(isum_i[h], pair);
+                        }
+                    }
+                }
+                for (acc_i, isum_i) in acc.iter_mut().zip(isum) {
+                    for h in 0..2 {
+                        let wide = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum_i[h], ones));
+                        acc_i[h] = _mm256_fmadd_ps(scale, wide, acc_i[h]);
+                    }
+                }
+            }
+        }
+        let mut r = _mm256_setzero_ps();
+        for row in acc {
+            r = _mm256_add_ps(r, _mm256_add_ps(row[0], row[1]));
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
+        out.iter().sum()
+    }
+
+    /// The f32 micro-kernel's shape: six activation rows broadcast against a 16-column
+    /// panel row (two loads), twelve `vfmadd231ps` accumulators. Returns a checksum.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn f32_tile(w: &[f32], x: &[f32], reps: usize) -> f32 {
+        let k_steps = WEIGHT_BYTES / 64;
+        assert!(w.len() >= k_steps * 16 && x.len() >= 6 * k_steps);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
+        for _ in 0..reps {
+            for k in 0..k_steps {
+                // SAFETY: 16 · k + 16 ≤ w.len() (asserted above).
+                let (b0, b1) =
+                    unsafe { (_mm256_loadu_ps(w.as_ptr().add(16 * k)), _mm256_loadu_ps(w.as_ptr().add(16 * k + 8))) };
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let a = _mm256_set1_ps(x[r * k_steps + k]);
+                    acc_r[0] = _mm256_fmadd_ps(a, b0, acc_r[0]);
+                    acc_r[1] = _mm256_fmadd_ps(a, b1, acc_r[1]);
+                }
+            }
+        }
+        let mut r = _mm256_setzero_ps();
+        for row in acc {
+            r = _mm256_add_ps(r, _mm256_add_ps(row[0], row[1]));
+        }
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), r) };
+        out.iter().sum()
+    }
+
+    /// (best, median) of the runs: the best is the ceiling (a busy host only slows a run).
+    fn best_median(mut v: Vec<f64>) -> (f64, f64) {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() - 1], v[v.len() / 2])
+    }
+
+    pub fn run() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            println!("this probe measures the AVX2 paths; this CPU has no AVX2 + FMA");
+            return;
+        }
+        let w8: Vec<i8> = (0..WEIGHT_BYTES).map(|i| ((i * 37) % 255) as i8).collect();
+        let x8: Vec<i8> = (0..256).map(|i| ((i * 13) % 255) as i8).collect();
+        let wf: Vec<f32> = (0..WEIGHT_BYTES / 4).map(|i| (i % 7) as f32 * 1e-3).collect();
+        let xf: Vec<f32> = (0..6 * WEIGHT_BYTES / 64).map(|i| (i % 5) as f32 * 1e-3).collect();
+        let reps = 100_000;
+        let (mut q8, mut q4, mut f32s) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let t = Instant::now();
+            // SAFETY: AVX2 was detected above.
+            black_box(unsafe { q8_0_step(black_box(&w8), black_box(&x8), reps) });
+            q8.push((WEIGHT_BYTES * 4 * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);
+            let t = Instant::now();
+            // SAFETY: AVX2 and FMA were detected above.
+            black_box(unsafe { q4_step(black_box(&w8), black_box(&x8), reps) });
+            q4.push((WEIGHT_BYTES * 2 * 2 * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);
+            let t = Instant::now();
+            // SAFETY: AVX2 and FMA were detected above.
+            black_box(unsafe { f32_tile(black_box(&wf), black_box(&xf), reps) });
+            f32s.push((WEIGHT_BYTES / 4 * 6 * reps) as f64 / t.elapsed().as_secs_f64() / 1e9);
+        }
+        let fmt = |v: &[f64]| v.iter().map(|g| format!("{g:.1}")).collect::<Vec<_>>().join(" ");
+        let ((q8_best, q8_median), (f32_best, f32_median)) = (best_median(q8.clone()), best_median(f32s.clone()));
+        let (q4_best, q4_median) = best_median(q4.clone());
+        println!("one core, operands in L1, G multiply-adds/s: best, median of 5 runs [runs]");
+        println!(
+            "  Q8_0 AVX2 step (psignb, vpmaddubsw, vpmaddwd, vpaddd), 4 rows: {q8_best:.1}, {q8_median:.1}  [{}]",
+            fmt(&q8)
+        );
+        println!(
+            "  Q4 AVX2 step (nibbles, 2 x vpmaddubsw, 16-bit sums), 2 rows:   {q4_best:.1}, {q4_median:.1}  [{}]",
+            fmt(&q4)
+        );
+        println!(
+            "  f32 FMA tile (6 rows x 16 columns):                           {f32_best:.1}, {f32_median:.1}  [{}]",
+            fmt(&f32s)
+        );
+        println!(
+            "so a decode step of GPT-2 124M (124.4 M multiply-adds a token) on N such cores runs at \
+             most N x {:.0} tok/s in Q8_0 and N x {:.0} tok/s in f32 (best runs)",
+            q8_best * 1e9 / 124.4e6,
+            f32_best * 1e9 / 124.4e6
+        );
+    }
+}
+
+fn main() {
+    #[cfg(target_arch = "x86_64")]
+    probe::run();
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("this probe measures the x86-64 AVX2 paths; nothing to measure on this architecture");
+}
