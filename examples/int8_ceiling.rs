@@ -3,9 +3,11 @@
 //! step (its two-row path) and the f32 micro-kernel (`matmul`'s 6 × 16 tile) can do when
 //! their operands sit in L1, so that memory is out of the picture. `docs/benchmarks.md` and
 //! `docs/serving.md` turn these into the most tokens/s a 16-sequence decode step can reach.
-//! The inner loops leave out the kernels' per-block scale work (under a tenth of their
-//! operations, on other pipes), so the figures are upper bounds. The compiled Q8_0 and f32
-//! loops were checked (`objdump`) to be the kernels' instruction sequences, with no spills.
+//! The inner loops leave out the kernels' per-block scale work (for Q4 about a sixth of the
+//! kernel loop's instructions), so the figures are upper bounds. The compiled Q8_0 and f32
+//! loops were checked (`objdump`) to be the kernels' instruction sequences, with no spills;
+//! the Q4 loop spills a few vectors a block (the kernel two or three) and is still the
+//! shorter loop.
 //!
 //! `cargo run --release --example int8_ceiling [THREADS]` (default 1: one core; 2 runs every
 //! probe on two threads at once and sums them). x86-64 with AVX2 and FMA; elsewhere it says so.
@@ -164,21 +166,25 @@ mod probe {
         (v[v.len() - 1], v[v.len() / 2])
     }
 
-    /// Runs `probe` on `threads` threads at once (each with its own copy of the operands)
-    /// and returns the summed rate, G multiply-adds/s.
-    fn timed<T: Clone + Send + Sync>(threads: usize, data: &T, probe: &(dyn Fn(&T) -> f64 + Sync)) -> f64 {
+    /// Runs `probe` on `threads` threads at once (each with its own copy of the operands,
+    /// all released together by a barrier) and returns their multiply-adds over the wall
+    /// time from the release to the last one's end, G multiply-adds/s.
+    fn timed<T: Clone + Send>(threads: usize, data: &T, probe: &(dyn Fn(&T) -> f64 + Sync)) -> f64 {
+        let start = std::sync::Barrier::new(threads + 1);
         std::thread::scope(|sc| {
             let jobs: Vec<_> = (0..threads)
                 .map(|_| {
-                    let mine = data.clone();
+                    let (mine, start) = (data.clone(), &start);
                     sc.spawn(move || {
-                        let t = Instant::now();
-                        let macs = probe(&mine);
-                        macs / t.elapsed().as_secs_f64() / 1e9
+                        start.wait();
+                        probe(&mine)
                     })
                 })
                 .collect();
-            jobs.into_iter().map(|j| j.join().expect("probe thread")).sum()
+            start.wait();
+            let t = Instant::now();
+            let macs: f64 = jobs.into_iter().map(|j| j.join().expect("probe thread")).sum();
+            macs / t.elapsed().as_secs_f64() / 1e9
         })
     }
 
@@ -241,13 +247,15 @@ mod probe {
 }
 
 fn main() {
-    let threads = match std::env::args().nth(1).map(|a| a.parse::<usize>()) {
-        None => 1,
-        Some(Ok(n)) if (1..=256).contains(&n) => n,
-        Some(_) => {
-            eprintln!("usage: int8_ceiling [THREADS]   (THREADS: 1 to 256, default 1)");
-            std::process::exit(2);
-        }
+    let mut args = std::env::args_os().skip(1);
+    let threads = match (args.next(), args.next()) {
+        (None, _) => Some(1),
+        (Some(a), None) => a.to_str().and_then(|a| a.parse::<usize>().ok()).filter(|n| (1..=256).contains(n)),
+        _ => None,
+    };
+    let Some(threads) = threads else {
+        eprintln!("usage: int8_ceiling [THREADS]   (THREADS: 1 to 256, default 1)");
+        std::process::exit(2);
     };
     #[cfg(target_arch = "x86_64")]
     probe::run(threads);
