@@ -637,7 +637,8 @@ fn quantize_block_avx512(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
             (lo + half(16), lo)
         }
     };
-    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s); // F16C is enabled here
+    // (A closure: a `#[target_feature]` fn is not an `Fn`; F16C is enabled here.)
+    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s);
     // A tree of maxima (the fold above is a chain of 32 dependent ones).
     let amax = |xb: &[f32; QK]| {
         // SAFETY: `xb` holds 32 floats; AVX-512 F is enabled for this function.
@@ -672,7 +673,8 @@ fn quantize_block_avx2(xb: &[f32; QK], qb: &mut [i8; QK]) -> BlockMeta {
             (lo + half(16), lo)
         }
     };
-    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s); // F16C is enabled here
+    // (A closure: a `#[target_feature]` fn is not an `Fn`; F16C is enabled here.)
+    let to_f16 = |d: f32, s: f32| f16c_round_pair(d, s);
     // A tree of maxima of the magnitudes (sign bits cleared), as on AVX-512.
     let amax = |xb: &[f32; QK]| {
         // SAFETY: `xb` holds 32 floats; AVX is enabled for this function.
