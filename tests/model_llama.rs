@@ -335,7 +335,7 @@ fn gguf_models_from_the_command_line() {
     let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
     assert_eq!(tests, ["pp8", "tg4"]);
     for r in &rows {
-        // The weights stay Q4_0 (no f32 copy), and every rate is a real one.
+        // The file's type reported as llama-bench reports it, and every rate a real one.
         assert_eq!(r["dtype"], "q4_0", "{r}");
         let ts = r["avg_ts"].as_f64().unwrap();
         assert!(ts.is_finite() && ts > 0.0, "{r}");
