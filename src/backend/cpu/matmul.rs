@@ -463,15 +463,30 @@ pub(crate) struct Tile<'a, T> {
     prefetch: Option<&'a [T]>,
 }
 
+/// The portable micro-kernel, in the x86 kernels' order of arithmetic so that every
+/// path gives the same bits: per output, one FMA chain from zero over `k` (the GEMM
+/// order, `x86::block`), or for a one- or two-row tile outside `fixed_order` four chains,
+/// `k` into chain `k % 4` up to the last multiple of four and the rest into chain 0,
+/// added as `(c0 + c1) + (c2 + c3)` (the GEMV order, `x86::gemv_rows`); the tile's sum
+/// is then added to `acc`.
 fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
     let _ = t.prefetch; // a hint the portable loop leaves to the hardware
+    let split = t.mr <= 2 && !t.fixed_order;
+    let split_end = if split { t.kc / 4 * 4 } else { 0 };
+    let mut s = [[[0.0f32; NR]; 4]; MR];
     for k in 0..t.kc {
         let b: [f32; NR] = std::array::from_fn(|j| t.panel[k * NR + j].to_f32());
-        for (r, acc_r) in acc.iter_mut().enumerate().take(t.mr) {
+        let chain = if k < split_end { k % 4 } else { 0 };
+        for (r, s_r) in s.iter_mut().enumerate().take(t.mr) {
             let a = t.a[r * t.lda + k];
-            for j in 0..NR {
-                acc_r[j] += a * b[j];
+            for (c, bj) in s_r[chain].iter_mut().zip(b) {
+                *c = a.mul_add(bj, *c);
             }
+        }
+    }
+    for (acc_r, s_r) in acc.iter_mut().zip(&s).take(t.mr) {
+        for j in 0..NR {
+            acc_r[j] += if split { (s_r[0][j] + s_r[1][j]) + (s_r[2][j] + s_r[3][j]) } else { s_r[0][j] };
         }
     }
 }

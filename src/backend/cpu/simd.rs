@@ -207,11 +207,58 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// tanh(u) is ±1 in f32 beyond |u| > 9.01; clamping keeps exp(2u) finite.
 const TANH_CLAMP: f32 = 10.0;
 
-/// Scalar GELU (tanh form), the portable path's definition.
+/// `x > lo ? x : lo`: what `maxps(x, lo)` gives lane by lane (a NaN `x` becomes `lo`).
+#[inline(always)]
+fn max_lane(x: f32, lo: f32) -> f32 {
+    if x > lo { x } else { lo }
+}
+
+/// `x < hi ? x : hi`: what `minps(x, hi)` gives lane by lane (a NaN `x` becomes `hi`).
+#[inline(always)]
+fn min_lane(x: f32, hi: f32) -> f32 {
+    if x < hi { x } else { hi }
+}
+
+/// exp(x) for x clamped to [-87, 88]: 2^n · p(r), r = x - n ln2 (ln2 split in two),
+/// degree-6 polynomial (Cephes expf coefficients), max relative error ≈ 2 ulp.
+///
+/// This is the one definition of exp in the kernels: every SIMD lane (`x86::exp256`,
+/// `x86::exp512`) computes exactly these operations, each one IEEE-rounded (`mul_add` is
+/// one fused multiply-add, an FMA instruction where the target has one), so every ISA
+/// path gives the same bits. libm's `expf` is not used: its last bit differs between
+/// libraries.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    let x = min_lane(max_lane(x, -87.0), 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = (-n).mul_add(EXP_LN2_HI, x);
+    let r = (-n).mul_add(EXP_LN2_LO, r);
+    let mut p = EXP_P[0];
+    for c in &EXP_P[1..] {
+        p = p.mul_add(r, *c);
+    }
+    p = p.mul_add(r * r, r + 1.0);
+    // n is a whole number in [-126, 127]: 2^n is a normal float built from its exponent bits.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// ln 2 in two parts for [`exp`]'s range reduction.
+const EXP_LN2_HI: f32 = 0.693_359_4;
+const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+/// [`exp`]'s polynomial, highest power first.
+const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
+/// GELU (tanh form) of one value: the definition every path computes, lane by lane,
+/// `0.5x · (1 + tanh(u))` with `u = √(2/π) · fma(0.044715, x³, x)` clamped to ±10 and
+/// `tanh(u) = 1 − 2 / (exp(2u) + 1)` through [`exp`].
 #[inline]
 pub fn gelu_scalar(x: f32) -> f32 {
-    let u = (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).clamp(-TANH_CLAMP, TANH_CLAMP);
-    0.5 * x * (1.0 + u.tanh())
+    let x3 = (x * x) * x;
+    let u = SQRT_2_OVER_PI * 0.044715f32.mul_add(x3, x);
+    let u = min_lane(max_lane(u, -TANH_CLAMP), TANH_CLAMP);
+    let e = exp(u + u);
+    let tanh = 1.0 - 2.0 / (e + 1.0);
+    (0.5 * x) * (1.0 + tanh)
 }
 
 /// In-place GELU over a slice.
@@ -269,17 +316,42 @@ impl KvElem for half::f16 {
     }
 }
 
-/// The portable [`dot`] of f32 `a` and `b` widened element by element (no copy).
+/// The sum of eight lanes in the order `x86::hsum` reduces a 256-bit register:
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline(always)]
+fn hsum8(l: [f32; 8]) -> f32 {
+    let s: [f32; 4] = std::array::from_fn(|i| l[i] + l[i + 4]);
+    (s[0] + s[2]) + (s[1] + s[3])
+}
+
+/// The portable [`dot`] of f32 `a` and `b` widened element by element (no copy), in the
+/// one order every path uses: 32-wide steps into four 8-lane FMA chains (element
+/// `i` of a step into chain `i / 8`, lane `i % 8`), then 8-wide steps into chain 0, the
+/// chains added as `(c0 + c1) + (c2 + c3)` lane by lane, the lanes by [`hsum8`], then the
+/// last `n % 8` products one by one (a multiply, then an add).
 fn dot_widened<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y.widen()).sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..16 {
-            acc[i] += x[i] * y[i].widen();
+    let n = a.len().min(b.len());
+    let mut acc = [[0.0f32; 8]; 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, chain) in acc.iter_mut().enumerate() {
+            for (l, c) in chain.iter_mut().enumerate() {
+                *c = a[i + 8 * j + l].mul_add(b[i + 8 * j + l].widen(), *c);
+            }
         }
+        i += 32;
     }
-    acc.iter().sum::<f32>() + tail
+    while i + 8 <= n {
+        for (l, c) in acc[0].iter_mut().enumerate() {
+            *c = a[i + l].mul_add(b[i + l].widen(), *c);
+        }
+        i += 8;
+    }
+    let mut s = hsum8(std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])));
+    for k in i..n {
+        s += a[k] * b[k].widen();
+    }
+    s
 }
 
 /// `scores[j] = dot(q, rows[j·n .. (j+1)·n]) · scale` for every row (`n = q.len()`),
@@ -327,26 +399,44 @@ pub fn axpy(isa: Isa, a: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// Softmax in place; returns nothing, the slice sums to 1.
+/// Softmax in place (the slice then sums to 1): every path computes the same bits
+/// ([`exp`], the sum in `exp_sub_sum`'s order, one reciprocal, a multiply each).
 pub fn softmax(isa: Isa, v: &mut [f32]) {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     #[cfg(target_arch = "x86_64")]
-    if isa.is_avx2() {
+    let sum = if isa.is_avx2() {
         // SAFETY: features checked by detection.
-        let sum = unsafe { x86::exp_sub_sum(v, max) };
-        let inv = 1.0 / sum;
-        v.iter_mut().for_each(|x| *x *= inv);
-        return;
-    }
-    let _ = isa;
-    // An f64 normaliser: a sequential f32 sum over thousands of positions drifts by 1e-5.
-    let mut sum = 0.0f64;
-    for x in v.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x as f64;
-    }
-    let inv = (1.0 / sum) as f32;
+        unsafe { x86::exp_sub_sum(v, max) }
+    } else {
+        exp_sub_sum(v, max)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let sum = {
+        let _ = isa;
+        exp_sub_sum(v, max)
+    };
+    let inv = 1.0 / sum;
     v.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `v[i] = exp(v[i] − max)`, returning their sum in the order of `x86::exp_sub_sum`:
+/// eight lanes (element `i` of each whole 8-wide step into lane `i % 8`), [`hsum8`], then
+/// the last `len % 8` one by one.
+fn exp_sub_sum(v: &mut [f32], max: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (x, a) in c.iter_mut().zip(acc.iter_mut()) {
+            *x = exp(*x - max);
+            *a += *x;
+        }
+    }
+    let mut s = hsum8(acc);
+    for x in chunks.into_remainder() {
+        *x = exp(*x - max);
+        s += *x;
+    }
+    s
 }
 
 /// LayerNorm of `x` into `out`: `(x - mean) / sqrt(var + eps) * gain + shift`.
@@ -386,10 +476,10 @@ pub fn rms_norm(x: &[f32], gain: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// SiLU, `x / (1 + e^-x)`: the portable path's definition.
+/// SiLU, `x / (1 + exp(0 − x))` through [`exp`]: the definition every path computes.
 #[inline]
 pub fn silu_scalar(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(0.0 - x))
 }
 
 /// `out = silu(gate) · up`.
@@ -467,8 +557,8 @@ pub(crate) mod x86 {
 
     use super::{SQRT_2_OVER_PI, TANH_CLAMP};
 
-    /// exp(x) for x in [-87, 88]: 2^n · p(r), r = x - n ln2, degree-6 polynomial
-    /// (Cephes expf coefficients), max relative error ≈ 2 ulp.
+    /// [`super::exp`] on eight lanes: the same operations in the same order, so each lane
+    /// is its bits.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn exp256(x: __m256) -> __m256 {
@@ -789,7 +879,7 @@ pub(crate) mod x86 {
         }
         let mut s = hsum(acc);
         for x in chunks.into_remainder() {
-            *x = (*x - max).exp();
+            *x = super::exp(*x - max);
             s += *x;
         }
         s
@@ -869,23 +959,60 @@ mod tests {
         }
     }
 
+    /// [`exp`] and [`gelu_scalar`] stay within a few ulp of the true functions over
+    /// their range, and clamp what lies beyond it.
     #[test]
-    fn vector_exp_and_gelu_match_scalar() {
-        let Some(avx2) = avx2_or_skip() else { return };
-        let xs: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.02).chain([1e3, -1e3, 3e38, -3e38, 0.0]).collect();
-        let mut v = xs.clone();
-        gelu(avx2, &mut v);
-        for (x, g) in xs.iter().zip(&v) {
-            let want = crate::backend::reference::gelu_tanh(*x);
-            assert!(g.is_finite(), "gelu({x}) = {g}");
+    fn exp_and_gelu_are_accurate() {
+        for i in -86_999..88_000 {
+            let x = i as f32 * 1e-3;
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            assert!((got - want).abs() <= 3e-7 * want, "exp({x}) = {got}, not {want}");
+        }
+        assert_eq!(exp(-1e30), exp(-87.0));
+        assert_eq!(exp(f32::INFINITY), exp(88.0));
+        assert_eq!(exp(0.0), 1.0);
+        for i in -4000..4000 {
+            let x = i as f32 * 0.02;
+            let (g, want) = (gelu_scalar(x), crate::backend::reference::gelu_tanh(x));
             assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}): {g} vs {want}");
         }
-        let mut v: Vec<f32> = (0..100).map(|i| i as f32 * 0.7 - 60.0).collect();
-        let mut w = v.clone();
-        softmax(avx2, &mut v);
-        softmax(Isa::PORTABLE, &mut w);
-        for (a, b) in v.iter().zip(&w) {
-            assert!((a - b).abs() <= 1e-6 * b.max(1e-30) + 1e-37, "{a} vs {b}");
+        for x in [1e3f32, -1e3, 3e38, -3e38] {
+            assert!(gelu_scalar(x).is_finite() && silu_scalar(x).is_finite(), "{x}");
+        }
+    }
+
+    /// Every level's GELU, SwiGLU, softmax and attention dot products give the portable
+    /// path's bits: lengths around every vector width and tail, magnitudes from 1e-40 to
+    /// 3e38, zeros of both signs, infinities and NaN.
+    #[test]
+    fn elementwise_ops_equal_the_portable_path_bit_for_bit() {
+        let mut xs: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.0173 + (i % 7) as f32 * 1e-3).collect();
+        xs.extend([1e3, -1e3, 3e38, -3e38, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -5.5, 87.5]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let finite: Vec<f32> = xs.iter().copied().filter(|x| x.abs() < 1e4).collect();
+        for isa in isas_or_skip() {
+            for len in [xs.len(), 1, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65] {
+                let (mut a, mut b) = (xs[..len].to_vec(), xs[..len].to_vec());
+                gelu(isa, &mut a);
+                gelu(Isa::PORTABLE, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{isa:?} gelu, {len} values");
+                let up: Vec<f32> = xs[..len].iter().rev().copied().collect();
+                let (mut a, mut b) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+                swiglu(isa, &xs[..len], &up, &mut a);
+                swiglu(Isa::PORTABLE, &xs[..len], &up, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{isa:?} swiglu, {len} values");
+                let lf = len.min(finite.len());
+                let (mut a, mut b) = (finite[..lf].to_vec(), finite[..lf].to_vec());
+                softmax(isa, &mut a);
+                softmax(Isa::PORTABLE, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{isa:?} softmax, {len} values");
+                let n = len.min(200);
+                let (q, rows) = (&finite[..n], &finite[finite.len() - 3 * n..]);
+                let (mut a, mut b) = (vec![f32::NAN; 3], vec![f32::NAN; 3]);
+                dot_rows(isa, q, rows, 0.125, &mut a);
+                dot_rows(Isa::PORTABLE, q, rows, 0.125, &mut b);
+                assert_eq!(bits(&a), bits(&b), "{isa:?} dot_rows, width {n}");
+            }
         }
     }
 
