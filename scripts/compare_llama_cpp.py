@@ -115,8 +115,13 @@ def main():
             reply = post(f"http://127.0.0.1:{port}/completion", {
                 "prompt": ours["prompt_ids"], "n_predict": args.n, "temperature": 0, "n_probs": 2,
                 "cache_prompt": False, "return_tokens": True})
+            # `tokens` holds every generated id; llama-server folds the steps of a character split
+            # over several byte tokens into one `completion_probabilities` entry, so per-step numbers
+            # line up with the ids only when the two lists have the same length.
             steps = reply["completion_probabilities"]
-            theirs = [step["id"] for step in steps]
+            theirs = reply.get("tokens") or [step["id"] for step in steps]
+            if len(steps) != len(theirs):
+                steps = None
             # Both engines' logprobs of llama.cpp's tokens against the f32 truth's, teacher-forced along
             # llama.cpp's path (forge's rows do not depend on the batch, so scoring the path as one
             # prompt gives its decode steps' numbers).
@@ -126,14 +131,14 @@ def main():
                     "prompt": ours["prompt_ids"] + theirs, "max_tokens": 0, "echo": True,
                     "logprobs": 1})["choices"][0]["logprobs"]["token_logprobs"]
                 scored[name] = lp[len(ours["prompt_ids"]):]
-            for i, step in enumerate(steps):
+            for i, step in enumerate(steps or []):
                 errors["llama.cpp"].append(abs(step["logprob"] - scored["truth"][i]))
                 errors["forge"].append(abs(scored["forge"][i] - scored["truth"][i]))
             mine = ours["generated_ids"]
             agree = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
             theirs_margin = ours_margin = truth_margin = None
             if agree < len(mine) and agree < len(theirs):
-                theirs_margin = margin(steps[agree]["top_logprobs"])
+                theirs_margin = margin(steps[agree]["top_logprobs"]) if steps else None
                 ours_margin = margin(ours["logprobs"][agree]["top_logprobs"])
                 # The truth's logprobs of the two tokens, by id: each scored as the last token
                 # of the agreed prefix followed by it.
@@ -142,9 +147,9 @@ def main():
                         "prompt": ours["prompt_ids"] + mine[:agree] + [token], "max_tokens": 0, "echo": True,
                         "logprobs": 1})["choices"][0]["logprobs"]["token_logprobs"][-1]
                 truth_margin = truth_lp(theirs[agree]) - truth_lp(mine[agree])
-            closest = min((margin(step["top_logprobs"]) for step in steps[:agree]), default=None)
+            closest = min((margin(step["top_logprobs"]) for step in (steps or [])[:agree]), default=None)
             # How far apart the two engines' numbers are where they agree: the chosen token's logprob.
-            gap = max((abs(step["logprob"] - lp["logprob"]) for step, lp in zip(steps[:agree], ours["logprobs"])),
+            gap = max((abs(step["logprob"] - lp["logprob"]) for step, lp in zip((steps or [])[:agree], ours["logprobs"])),
                       default=None)
             n = f"{len(mine)}" if len(mine) == len(theirs) else f"{len(mine)} vs {len(theirs)}"
             rows.append((prompt, agree, n, theirs_margin, ours_margin, truth_margin, closest, gap, ours["text"][:40],
@@ -167,7 +172,7 @@ def main():
               f"| {fmt(gap)} | {a!r} | {b!r} |")
     print()
     print("Logprob of llama.cpp's tokens against the f32 truth, teacher-forced along llama.cpp's path "
-          f"({len(errors['forge'])} steps):")
+          f"({len(errors['forge'])} steps; a prompt whose steps llama-server folds is left out):")
     print()
     print("| engine | mean abs error | median | max |")
     print("| --- | ---: | ---: | ---: |")

@@ -7,7 +7,8 @@
 //! - one sequence: a 20-token prompt in one forward (logits of every row; 20 rows take
 //!   the blocked prefill attention where that is allowed), then 8 greedy decode steps;
 //! - sixteen sequences at once: prompts of 1 to 18 tokens prefilled in one batch, then 4
-//!   decode steps of sixteen rows each (the skinny GEMM and multi-row quantized kernels).
+//!   decode steps of sixteen rows each (the skinny GEMM and multi-row quantized kernels);
+//!   then three and two sequences, 2 steps each (the few-row GEMV).
 //!
 //! Models: GPT-2 (f32 and f16 folders, bf16 storage, and GGUF files of every type
 //! `forge quantize` writes from it) and the Llama fixtures (HF folder; GGUF f32, f16,
@@ -96,24 +97,31 @@ fn run(engine: &Engine<CpuBackend>, decode_steps: usize, batched_steps: usize) -
         next = keep(&out.unwrap(), &mut trace)[0];
     }
 
-    // Sixteen sequences of different lengths in one batch, then decoded together.
-    let prompts: Vec<Vec<u32>> = (0..16).map(|i| tokens(1 + (i * 7) % 18, vocab, 100 + i as u64)).collect();
-    let mut caches: Vec<_> =
-        prompts.iter().map(|p| model.new_cache(backend, p.len() + batched_steps).unwrap()).collect();
-    let mut flat = Vec::new();
-    let mut seqs = Vec::new();
-    for p in &prompts {
-        seqs.push(SeqSlice { rows: flat.len()..flat.len() + p.len(), start_pos: 0 });
-        flat.extend(p);
-    }
-    let mut refs: Vec<_> = caches.iter_mut().collect();
-    let out = model.forward(backend, &Batch { tokens: &flat, seqs: &seqs }, &mut refs, LogitRows::LastOfEachSeq);
-    let mut next = keep(&out.unwrap(), &mut trace);
-    for step in 0..batched_steps {
-        let seqs: Vec<SeqSlice> =
-            prompts.iter().enumerate().map(|(i, p)| SeqSlice { rows: i..i + 1, start_pos: p.len() + step }).collect();
-        let out = model.forward(backend, &Batch { tokens: &next, seqs: &seqs }, &mut refs, LogitRows::LastOfEachSeq);
-        next = keep(&out.unwrap(), &mut trace);
+    // Sixteen sequences of different lengths in one batch, then decoded together; then
+    // three and two (the few-row GEMV and attention shapes of a small batch).
+    for (n_seqs, steps) in [(16, batched_steps), (3, 2), (2, 2)] {
+        let prompts: Vec<Vec<u32>> =
+            (0..n_seqs).map(|i| tokens(1 + (i * 7) % 18, vocab, 100 * n_seqs as u64 + i as u64)).collect();
+        let mut caches: Vec<_> = prompts.iter().map(|p| model.new_cache(backend, p.len() + steps).unwrap()).collect();
+        let mut flat = Vec::new();
+        let mut seqs = Vec::new();
+        for p in &prompts {
+            seqs.push(SeqSlice { rows: flat.len()..flat.len() + p.len(), start_pos: 0 });
+            flat.extend(p);
+        }
+        let mut refs: Vec<_> = caches.iter_mut().collect();
+        let out = model.forward(backend, &Batch { tokens: &flat, seqs: &seqs }, &mut refs, LogitRows::LastOfEachSeq);
+        let mut next = keep(&out.unwrap(), &mut trace);
+        for step in 0..steps {
+            let seqs: Vec<SeqSlice> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| SeqSlice { rows: i..i + 1, start_pos: p.len() + step })
+                .collect();
+            let out =
+                model.forward(backend, &Batch { tokens: &next, seqs: &seqs }, &mut refs, LogitRows::LastOfEachSeq);
+            next = keep(&out.unwrap(), &mut trace);
+        }
     }
     trace
 }
@@ -152,6 +160,9 @@ fn compare(model: &Path, weights: Option<WeightDtype>, decode_steps: usize, batc
                 run(&engine, decode_steps, batched_steps)
             };
             let portable = trace(Isa::PORTABLE);
+            // Finite logits, so equal bits mean equal numbers (NaN == NaN in bits would not).
+            let finite = portable.logits.iter().all(|b| f32::from_bits(*b).is_finite());
+            assert!(finite, "{}: non-finite logits on the portable path", model.display());
             for isa in simd_levels() {
                 let got = trace(isa);
                 let what = format!(

@@ -1217,6 +1217,51 @@ mod tests {
 
     /// The AVX-512 micro-kernels do the AVX2 ones' arithmetic in the same order: equal bits
     /// on GEMV and GEMM shapes, every element type, batch-invariant or not.
+    /// Every level's products give the portable path's bits (the bf16 weights of the
+    /// AVX512-BF16 level excepted: `vdpbf16ps` rounds activations by design), for the GEMV
+    /// (one to four rows, `n_in` not a multiple of four), the skinny GEMM and the blocked
+    /// one, across K blocks, with bias and GELU, in both orders.
+    #[test]
+    #[cfg_attr(miri, ignore)] // portable against itself there, and slow
+    fn every_level_equals_the_portable_path_bit_for_bit() {
+        for &(rows, n_in, n_out) in &[
+            (1, 5, 17),
+            (1, 1027, 20),
+            (2, 301, 33),
+            (3, 17, 33),
+            (4, 7, 20),
+            (7, 260, 18),
+            (13, 513, 100),
+            (37, 1601, 40),
+        ] {
+            let x = values(rows * n_in, 21);
+            for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
+                let w = values(n_in * n_out, 22);
+                let packed = PackedMatrix::pack(n_in, n_out, dtype, |k, j| w[k * n_out + j]);
+                let bias: Vec<f32> = values(n_out, 23).iter().map(|v| v * 3.0).collect();
+                let epi = Epilogue { bias: Some(&bias), gelu: true };
+                let run = |isa, fixed: bool| {
+                    let mut out = vec![f32::NAN; rows * n_out];
+                    let f = if fixed { matmul_batch_invariant } else { matmul };
+                    f(isa, &x, rows, &packed, epi, &mut out);
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                for isa in simd::isas_or_skip() {
+                    if isa.has_bf16() && dtype == WeightDtype::BF16 {
+                        continue;
+                    }
+                    for fixed in [false, true] {
+                        assert_eq!(
+                            run(isa, fixed),
+                            run(Isa::PORTABLE, fixed),
+                            "{isa:?} {dtype:?} {rows}x{n_in}->{n_out} fixed {fixed}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn avx512_kernels_equal_avx2_bit_for_bit() {
         let (Some(avx512), Some(avx2)) = (simd::avx512_or_skip(), simd::avx2_or_skip()) else { return };

@@ -207,20 +207,21 @@ const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 /// tanh(u) is ±1 in f32 beyond |u| > 9.01; clamping keeps exp(2u) finite.
 const TANH_CLAMP: f32 = 10.0;
 
-/// `x > lo ? x : lo`: what `maxps(x, lo)` gives lane by lane (a NaN `x` becomes `lo`).
+/// `lo > x ? lo : x`: what `maxps(lo, x)` gives lane by lane (a NaN `x` stays NaN).
 #[inline(always)]
 fn max_lane(x: f32, lo: f32) -> f32 {
-    if x > lo { x } else { lo }
+    if lo > x { lo } else { x }
 }
 
-/// `x < hi ? x : hi`: what `minps(x, hi)` gives lane by lane (a NaN `x` becomes `hi`).
+/// `hi < x ? hi : x`: what `minps(hi, x)` gives lane by lane (a NaN `x` stays NaN).
 #[inline(always)]
 fn min_lane(x: f32, hi: f32) -> f32 {
-    if x < hi { x } else { hi }
+    if hi < x { hi } else { x }
 }
 
 /// exp(x) for x clamped to [-87, 88]: 2^n · p(r), r = x - n ln2 (ln2 split in two),
-/// degree-6 polynomial (Cephes expf coefficients), max relative error ≈ 2 ulp.
+/// degree-6 polynomial (Cephes expf coefficients), max relative error ≈ 2 ulp. NaN stays
+/// NaN (a NaN attention score makes the step's output NaN, which the engine reports).
 ///
 /// This is the one definition of exp in the kernels: every SIMD lane (`x86::exp256`,
 /// `x86::exp512`) computes exactly these operations, each one IEEE-rounded (`mul_add` is
@@ -562,7 +563,8 @@ pub(crate) mod x86 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(crate) fn exp256(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0)), _mm256_set1_ps(88.0));
+        // The bound first: `maxps`/`minps` return their second operand when one is NaN.
+        let x = _mm256_min_ps(_mm256_set1_ps(88.0), _mm256_max_ps(_mm256_set1_ps(-87.0), x));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
             x,
             _mm256_set1_ps(std::f32::consts::LOG2_E),
@@ -589,7 +591,7 @@ pub(crate) mod x86 {
     pub(crate) fn gelu256(x: __m256) -> __m256 {
         let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
         let u = _mm256_mul_ps(_mm256_set1_ps(SQRT_2_OVER_PI), _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x3, x));
-        let u = _mm256_min_ps(_mm256_max_ps(u, _mm256_set1_ps(-TANH_CLAMP)), _mm256_set1_ps(TANH_CLAMP));
+        let u = _mm256_min_ps(_mm256_set1_ps(TANH_CLAMP), _mm256_max_ps(_mm256_set1_ps(-TANH_CLAMP), u));
         let e = exp256(_mm256_add_ps(u, u));
         let one = _mm256_set1_ps(1.0);
         let tanh = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
@@ -624,7 +626,7 @@ pub(crate) mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(crate) fn exp512(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_set1_ps(88.0));
+        let x = _mm512_min_ps(_mm512_set1_ps(88.0), _mm512_max_ps(_mm512_set1_ps(-87.0), x));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
             x,
             _mm512_set1_ps(std::f32::consts::LOG2_E),
@@ -649,7 +651,7 @@ pub(crate) mod x86 {
     pub(crate) fn gelu512(x: __m512) -> __m512 {
         let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
         let u = _mm512_mul_ps(_mm512_set1_ps(SQRT_2_OVER_PI), _mm512_fmadd_ps(_mm512_set1_ps(0.044715), x3, x));
-        let u = _mm512_min_ps(_mm512_max_ps(u, _mm512_set1_ps(-TANH_CLAMP)), _mm512_set1_ps(TANH_CLAMP));
+        let u = _mm512_min_ps(_mm512_set1_ps(TANH_CLAMP), _mm512_max_ps(_mm512_set1_ps(-TANH_CLAMP), u));
         let e = exp512(_mm512_add_ps(u, u));
         let one = _mm512_set1_ps(1.0);
         let tanh = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)));
@@ -963,7 +965,8 @@ mod tests {
     /// their range, and clamp what lies beyond it.
     #[test]
     fn exp_and_gelu_are_accurate() {
-        for i in -86_999..88_000 {
+        // Every millionth-step under miri (it runs this too, slowly).
+        for i in (-86_999..88_000).step_by(if cfg!(miri) { 997 } else { 1 }) {
             let x = i as f32 * 1e-3;
             let (got, want) = (exp(x) as f64, (x as f64).exp());
             assert!((got - want).abs() <= 3e-7 * want, "exp({x}) = {got}, not {want}");
@@ -971,7 +974,8 @@ mod tests {
         assert_eq!(exp(-1e30), exp(-87.0));
         assert_eq!(exp(f32::INFINITY), exp(88.0));
         assert_eq!(exp(0.0), 1.0);
-        for i in -4000..4000 {
+        assert!(exp(f32::NAN).is_nan() && gelu_scalar(f32::NAN).is_nan() && silu_scalar(f32::NAN).is_nan());
+        for i in (-4000..4000).step_by(if cfg!(miri) { 97 } else { 1 }) {
             let x = i as f32 * 0.02;
             let (g, want) = (gelu_scalar(x), crate::backend::reference::gelu_tanh(x));
             assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}): {g} vs {want}");
@@ -988,7 +992,9 @@ mod tests {
     fn elementwise_ops_equal_the_portable_path_bit_for_bit() {
         let mut xs: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.0173 + (i % 7) as f32 * 1e-3).collect();
         xs.extend([1e3, -1e3, 3e38, -3e38, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -5.5, 87.5]);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // NaN as one value: its sign and payload are not part of the definition (miri
+        // randomises them).
+        let bits = |v: &[f32]| v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>();
         let finite: Vec<f32> = xs.iter().copied().filter(|x| x.abs() < 1e4).collect();
         for isa in isas_or_skip() {
             for len in [xs.len(), 1, 5, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65] {
@@ -1012,6 +1018,13 @@ mod tests {
                 dot_rows(isa, q, rows, 0.125, &mut a);
                 dot_rows(Isa::PORTABLE, q, rows, 0.125, &mut b);
                 assert_eq!(bits(&a), bits(&b), "{isa:?} dot_rows, width {n}");
+            }
+            // A NaN or infinite score makes the whole softmax NaN (never hidden).
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut v = finite[..37].to_vec();
+                v[20] = bad;
+                softmax(isa, &mut v);
+                assert!(v.iter().all(|p| p.is_nan()), "{isa:?} softmax with {bad}: {v:?}");
             }
         }
     }
