@@ -469,7 +469,15 @@ pub(crate) struct Tile<'a, T> {
 /// `k` into chain `k % 4` up to the last multiple of four and the rest into chain 0,
 /// added as `(c0 + c1) + (c2 + c3)` (the GEMV order, `x86::gemv_rows`); the tile's sum
 /// is then added to `acc`.
+///
+/// Never inlined: kept out of `tile`, which the x86 paths call for every tile.
+#[inline(never)]
 fn tile_portable<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
+    simd::portable(|| tile_portable_body(t, acc))
+}
+
+#[inline(always)]
+fn tile_portable_body<T: PanelElem>(t: &Tile<T>, acc: &mut [[f32; NR]; MR]) {
     let _ = t.prefetch; // a hint the portable loop leaves to the hardware
     let split = t.mr <= 2 && !t.fixed_order;
     let split_end = if split { t.kc / 4 * 4 } else { 0 };
