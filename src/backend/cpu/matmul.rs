@@ -1223,8 +1223,6 @@ mod tests {
         }
     }
 
-    /// The AVX-512 micro-kernels do the AVX2 ones' arithmetic in the same order: equal bits
-    /// on GEMV and GEMM shapes, every element type, batch-invariant or not.
     /// Every level's products give the portable path's bits (the bf16 weights of the
     /// AVX512-BF16 level excepted: `vdpbf16ps` rounds activations by design), for the GEMV
     /// (one to four rows, `n_in` not a multiple of four), the skinny GEMM and the blocked
@@ -1254,6 +1252,34 @@ mod tests {
                     f(isa, &x, rows, &packed, epi, &mut out);
                     out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                 };
+                // The portable body as an FMA-less CPU runs it (every `mul_add` a call to
+                // `fmaf`) gives the bits of the FMA-compiled one that `simd::portable` picks.
+                #[cfg(target_arch = "x86_64")]
+                if rows <= 4 {
+                    let (a, lda) = (&x[..], n_in);
+                    let panel = match &packed.data {
+                        PanelData::F32(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
+                        PanelData::F16(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect(),
+                        PanelData::BF16(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect(),
+                    };
+                    for fixed_order in [false, true] {
+                        let t = Tile {
+                            a,
+                            lda,
+                            pairs: None,
+                            ldp: 0,
+                            mr: rows,
+                            panel: &panel,
+                            kc: n_in,
+                            fixed_order,
+                            prefetch: None,
+                        };
+                        let (mut plain, mut fused) = ([[0.25f32; NR]; MR], [[0.25f32; NR]; MR]);
+                        tile_portable_body(&t, &mut plain);
+                        tile_portable(&t, &mut fused);
+                        assert_eq!(plain.map(|r| r.map(f32::to_bits)), fused.map(|r| r.map(f32::to_bits)));
+                    }
+                }
                 for isa in simd::isas_or_skip() {
                     if isa.has_bf16() && dtype == WeightDtype::BF16 {
                         continue;
@@ -1270,6 +1296,8 @@ mod tests {
         }
     }
 
+    /// The AVX-512 micro-kernels do the AVX2 ones' arithmetic in the same order: equal bits
+    /// on GEMV and GEMM shapes, every element type, batch-invariant or not.
     #[test]
     fn avx512_kernels_equal_avx2_bit_for_bit() {
         let (Some(avx512), Some(avx2)) = (simd::avx512_or_skip(), simd::avx2_or_skip()) else { return };

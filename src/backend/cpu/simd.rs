@@ -210,8 +210,10 @@ const TANH_CLAMP: f32 = 10.0;
 /// Run portable code compiled for FMA where this x86-64 CPU has it: its `mul_add`s become
 /// single instructions instead of calls to the C library's `fmaf` (the portable build
 /// targets x86-64 without FMA), some thirty times faster in the dense products. The operations
-/// are the same IEEE ones, so the bits are too; elsewhere this is a plain call. Bodies
-/// passed here are `#[inline(always)]`, so they are compiled inside the FMA function.
+/// are the same IEEE ones (rustc never lets LLVM contract `a * b + c` on its own), so the
+/// bits are too; elsewhere this is a plain call. The kernels passed here are
+/// `#[inline(always)]` and each closure has one call site, so they are compiled inside the
+/// FMA function (were one not inlined, it would only be slower).
 #[inline(always)]
 pub(crate) fn portable<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -220,7 +222,8 @@ pub(crate) fn portable<R>(f: impl FnOnce() -> R) -> R {
         fn with_fma<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        // SAFETY: the CPU has FMA (checked just above).
+        // SAFETY: the CPU has FMA (checked just above; std reports it only where the OS
+        // also enables the AVX state that FMA's instructions use).
         return unsafe { with_fma(f) };
     }
     f()
@@ -1048,6 +1051,17 @@ mod tests {
                 dot_rows(Isa::PORTABLE, q, rows, 0.125, &mut b);
                 assert_eq!(bits(&a), bits(&b), "{isa:?} dot_rows, width {n}");
             }
+            // The portable bodies as an FMA-less CPU runs them (every `mul_add` a call to
+            // `fmaf`) give the bits of the FMA-compiled ones that `portable` picks.
+            let n = 77;
+            let (q, k) = (&finite[..n], &finite[finite.len() - n..]);
+            assert_eq!(dot_widened(q, k).to_bits(), portable(|| dot_widened(q, k)).to_bits());
+            let (mut a, mut b) = (finite[..n].to_vec(), finite[..n].to_vec());
+            assert_eq!(exp_sub_sum(&mut a, 3.0).to_bits(), portable(|| exp_sub_sum(&mut b, 3.0)).to_bits());
+            assert_eq!(bits(&a), bits(&b));
+            let plain: Vec<f32> = xs.iter().map(|&x| gelu_scalar(x) + silu_scalar(x)).collect();
+            let fused: Vec<f32> = portable(|| xs.iter().map(|&x| gelu_scalar(x) + silu_scalar(x)).collect());
+            assert_eq!(bits(&plain), bits(&fused));
             // A NaN or infinite score makes the whole softmax NaN (never hidden).
             for bad in [f32::NAN, f32::INFINITY] {
                 let mut v = finite[..37].to_vec();
