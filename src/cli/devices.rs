@@ -1,5 +1,7 @@
 //! `forge devices`: the cpu kernels chosen for this CPU (ISA, vector width, FMA peak),
-//! then the GPU adapters wgpu finds, with API, type, driver and limits.
+//! then the GPU adapters wgpu finds, with API, type, driver and limits. A machine with no
+//! GPU adapter (or a build without the `gpu` feature) is a normal answer, not an error:
+//! the cpu line stands, and a `gpu:` line says why `--backend gpu` is unavailable.
 
 pub fn run() -> anyhow::Result<()> {
     {
@@ -11,7 +13,14 @@ pub fn run() -> anyhow::Result<()> {
     {
         use batch_forge::backend::gpu::device;
         let adapters = device::adapters();
-        anyhow::ensure!(!adapters.is_empty(), "{}", device::no_adapter_message());
+        if adapters.is_empty() {
+            super::outln!(
+                "gpu: no adapter found (wgpu tried Vulkan, Metal and DX12), so --backend gpu is unavailable; \
+                 on Linux install a Vulkan driver, e.g. `apt-get install mesa-vulkan-drivers libvulkan1` \
+                 for the lavapipe software one"
+            );
+            return Ok(());
+        }
         for (i, a) in adapters.iter().enumerate() {
             super::outln!("{}", device::describe(i, a));
         }
@@ -25,6 +34,7 @@ pub fn run() -> anyhow::Result<()> {
     }
     #[cfg(not(feature = "gpu"))]
     {
-        Err(super::no_gpu_build())
+        super::outln!("gpu: {}", super::no_gpu_build());
+        Ok(())
     }
 }

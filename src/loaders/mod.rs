@@ -121,8 +121,20 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: 
         let folder = as_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         bail!("{model:?} is a file, not a model folder; {EXPECTED} (did you mean --model {}?)", folder.display());
     }
-    let looks_like_path =
-        model.starts_with('.') || model.starts_with('/') || model.starts_with('~') || model.contains('\\');
+    // A name ending in a model file's extension, or with more than one `/`, is a path (a
+    // Hub repo id is `name` or `owner/name`): say it does not exist rather than ask the Hub.
+    let file_ext = as_path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| ["gguf", "safetensors", "bin", "pt", "pth", "json"].iter().any(|x| e.eq_ignore_ascii_case(x)));
+    if file_ext {
+        bail!("no such file: {model:?}; {EXPECTED}");
+    }
+    let looks_like_path = model.starts_with('.')
+        || model.starts_with('/')
+        || model.starts_with('~')
+        || model.contains('\\')
+        || model.matches('/').count() > 1;
     if looks_like_path || !hub::is_repo_id(model) {
         bail!("model folder {model:?} does not exist (and it is not a Hub repo id like openai-community/gpt2)");
     }
