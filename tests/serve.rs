@@ -154,6 +154,63 @@ impl Drop for Server {
 
 /// Greedy completions over HTTP give HF transformers' greedy continuation of every
 /// reference prompt (given as token ids), and the usage counts are right.
+/// The server says what it is doing: where it listens, that it is loading the model (and
+/// answers 503 meanwhile), how long the load took, and when it is ready — after which
+/// `/health` answers 200 at once.
+#[test]
+fn serve_logs_loading_and_readiness() {
+    /// Kills the server however the test ends.
+    struct KillOnDrop(Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["serve", "-m", fixture("tiny-gpt2").to_str().unwrap(), "--port", "0", "-t", "1"])
+        .env("RUST_LOG", "info")
+        .env_remove("FORGE_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start forge serve");
+    let mut child = KillOnDrop(child);
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let t0 = Instant::now();
+    while !lines.iter().any(|l: &String| l.contains("ready: /health answers 200")) {
+        let left = Duration::from_secs(60).saturating_sub(t0.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no readiness line: {lines:#?}"),
+        }
+    }
+    let at =
+        |what: &str| lines.iter().position(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?}: {lines:#?}"));
+    let (listen, loading, loaded, ready) =
+        (at("listening on http://"), at("loading "), at("model loaded in "), at("ready: /health answers 200"));
+    assert!(listen < ready && loading < loaded && loaded < ready, "{lines:#?}");
+    assert!(lines[loading].contains("503"), "{}", lines[loading]);
+    let base = lines[listen].split("listening on ").nth(1).unwrap().to_owned();
+    // Ready means ready: the model is published before the line is written.
+    let health = match ureq::get(&format!("{base}/health")).call() {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("{e}"),
+    };
+    drop(child);
+    assert_eq!(health, 200);
+}
+
 #[test]
 fn greedy_completions_are_hf_greedy() {
     let s = Server::start(&fixture("tiny-gpt2"), &[]);

@@ -116,6 +116,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     std::thread::Builder::new().name("scheduler".into()).spawn(move || {
         let result = super::in_pool(threads, || {
             with_backend!(backend, |b| {
+                tracing::info!("loading {} (/health answers 503 until it is ready)", dir.display());
+                let start = std::time::Instant::now();
                 let engine = Engine::load(b, &dir)?;
                 let info = engine.model.info().clone();
                 tracing::info!(
@@ -123,7 +125,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     n_params = info.n_params,
                     context = info.context_length,
                     backend = engine.backend.name(),
-                    "model loaded"
+                    "model loaded in {:.2} s",
+                    start.elapsed().as_secs_f64()
                 );
                 serve::run_engine(engine, &engine_state)
             })

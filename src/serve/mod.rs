@@ -102,6 +102,7 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     if state.loaded.set(loaded).is_err() {
         anyhow::bail!("the server's model was loaded twice");
     }
+    tracing::info!(slots = cfg.parallel, ctx_size = cfg.ctx_size, "ready: /health answers 200");
     let mut scheduler = Scheduler::new(&backend, &*model, cfg, end_of_generation, state.metrics.clone());
     scheduler.run(rx, &state.stop);
     Ok(())
