@@ -272,6 +272,28 @@ fn gpu_without_an_adapter_is_a_clean_error() {
     }
 }
 
+/// `forge --version` names the crate version, the commit it was built from (HEAD, when
+/// the tests run in a git checkout) and the features.
+#[test]
+fn version_names_the_commit_and_features() {
+    let o = forge(&["--version"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let features = if cfg!(feature = "gpu") { "features: gpu)" } else { "features: none, cpu only)" };
+    let start = format!("forge {} (", env!("CARGO_PKG_VERSION"));
+    assert!(out.starts_with(&start) && out.trim_end().ends_with(features), "{out}");
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|h| h.status.success());
+    if let Some(head) = head {
+        let h = String::from_utf8_lossy(&head.stdout);
+        assert!(out.contains(&format!("(git {}; ", h.trim())), "{out} (HEAD {h})");
+    }
+}
+
 /// `forge devices` on a machine with no GPU adapter (the driver list hidden) succeeds: the
 /// cpu line, then a `gpu:` line saying why `--backend gpu` is unavailable (not advice to
 /// run `forge devices`). A build without the `gpu` feature says so the same way.

@@ -20,10 +20,17 @@ use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::CpuOptions;
 use batch_forge::loaders::{self, hub::HubClient};
 
+/// `forge --version`: the crate version, the git commit it was built from, the features.
+#[cfg(feature = "gpu")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FORGE_GIT_COMMIT"), "; features: gpu)");
+/// `forge --version` of a CPU-only build.
+#[cfg(not(feature = "gpu"))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FORGE_GIT_COMMIT"), "; features: none, cpu only)");
+
 #[derive(Parser)]
 #[command(
     name = "forge",
-    version,
+    version = VERSION,
     about = "batch_forge: GPT-2 and Llama-family inference (safetensors, GGUF), verified against Hugging Face transformers"
 )]
 pub struct Cli {
