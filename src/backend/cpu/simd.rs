@@ -1010,7 +1010,10 @@ mod tests {
         for i in (-4000..4000).step_by(if cfg!(miri) { 97 } else { 1 }) {
             let x = i as f32 * 0.02;
             let (g, want) = (gelu_scalar(x), crate::backend::reference::gelu_tanh(x));
-            assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()), "gelu({x}): {g} vs {want}");
+            // Miri models libm's `tanh` a few ulp off, which the reference's `1 + tanh u`
+            // turns into ~ulp·|x| where tanh u ≈ −1.
+            let slack = if cfg!(miri) { 4.0 * f32::EPSILON * x.abs() } else { 0.0 };
+            assert!((g - want).abs() <= 1e-6 * (1.0 + want.abs()) + slack, "gelu({x}): {g} vs {want}");
         }
         for x in [1e3f32, -1e3, 3e38, -3e38] {
             assert!(gelu_scalar(x).is_finite() && silu_scalar(x).is_finite(), "{x}");
