@@ -1261,11 +1261,9 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if rows <= 4 {
                     let (a, lda) = (&x[..], n_in);
-                    let panel = match &packed.data {
-                        PanelData::F32(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect::<Vec<f32>>(),
-                        PanelData::F16(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect(),
-                        PanelData::BF16(d) => d[..n_in * NR].iter().map(|v| v.to_f32()).collect(),
-                    };
+                    // The first panel's layout, `panel[k][j] = W[k][j]` (every shape here has
+                    // n_out ≥ 16).
+                    let panel: Vec<f32> = (0..n_in * NR).map(|i| w[i / NR * n_out + i % NR]).collect();
                     for fixed_order in [false, true] {
                         let t = Tile {
                             a,
