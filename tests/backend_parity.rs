@@ -281,6 +281,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
         head_dim: 2,
         scale: 1.0,
         rope: Some(Rope { theta: 1e4, style: RopeStyle::Halves }),
+        window: None,
     };
     if let Err(e) = b.supports(&probe) {
         panic!("{} refuses the Llama ops (RMSNorm, SwiGLU, RoPE, grouped-query attention): {e}", b.name());
@@ -325,6 +326,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
             rope: Some(Rope { theta, style }),
+            window: None,
         };
         let (w, kw) = (spec.qkv_width(), spec.kv_width());
         for (cap, steps) in [
@@ -374,6 +376,74 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
                 );
                 note("attention_rope_gqa", compare(&what, &read(&got), &want));
             }
+        }
+    }
+
+    // The Gemma 3 ops: GeGLU, scaling, per-head q/k RMSNorm.
+    for (t, f, scale) in [(1, 1, 1.0), (3, 17, 1e3), (5, 1536, 1e2), (512, 65, 3.0), (2, 4099, 10.0)] {
+        let x = host(t, 2 * f, normal(&mut rng, t * 2 * f, scale));
+        let what = format!("geglu T={t} F={f} scale {scale}");
+        note("geglu", compare(&what, &read(&b.geglu(&b.upload(&x))), &r.geglu(&x)));
+        let mut xb = b.upload(&x);
+        b.scale(&mut xb, 25.298221);
+        let mut xr = x.clone();
+        r.scale(&mut xr, 25.298221);
+        note("scale", compare(&what, &read(&xb), &xr));
+    }
+    for (t, n_head, n_kv_head, hd, scale) in [(1, 4, 1, 256, 1.0), (3, 3, 3, 18, 1e3), (70, 8, 2, 64, 1e-2)] {
+        let spec = AttentionSpec { n_head, n_kv_head, head_dim: hd, scale: 1.0, rope: None, window: None };
+        let w = spec.qkv_width();
+        let x = host(t, w, normal(&mut rng, t * w, scale));
+        let (gq, gk) = (tensor(&[hd], &normal(&mut rng, hd, 1.0)), tensor(&[hd], &normal(&mut rng, hd, 1.0)));
+        let (qb, kb) = (b.load_vector(&view(&gq)).unwrap(), b.load_vector(&view(&gk)).unwrap());
+        let (qr, kr) = (r.load_vector(&view(&gq)).unwrap(), r.load_vector(&view(&gk)).unwrap());
+        let mut xb = b.upload(&x);
+        b.qk_norm(&mut xb, &spec, &qb, &kb, 1e-6).unwrap();
+        let mut xr = x.clone();
+        r.qk_norm(&mut xr, &spec, &qr, &kr, 1e-6).unwrap();
+        // The values pass through untouched.
+        assert_eq!(&xr.data[spec.q_width() + spec.kv_width()..w], &x.data[spec.q_width() + spec.kv_width()..w]);
+        note("qk_norm", compare(&format!("qk_norm T={t} {n_head}/{n_kv_head}x{hd}"), &read(&xb), &xr));
+        assert!(
+            b.qk_norm(&mut xb, &spec, &kb, &b.load_vector(&view(&tensor(&[3], &[1.0; 3]))).unwrap(), 1e-6).is_err()
+        );
+    }
+
+    // Sliding-window attention: windows of 1, 5 and 16 keys over a prefill longer than the
+    // window (the blocked path from 16 rows), decode steps and a chunked prefill across
+    // the window's edge, and positions near 8192.
+    for window in [1, 5, 16] {
+        let spec = AttentionSpec {
+            n_head: 4,
+            n_kv_head: 1,
+            head_dim: 32,
+            scale: 0.25,
+            rope: Some(Rope { theta: 1e4, style: RopeStyle::Halves }),
+            window: Some(window),
+        };
+        let (w, kw) = (spec.qkv_width(), spec.kv_width());
+        let steps = [
+            (vec![SeqSlice { rows: 0..30, start_pos: 0 }, SeqSlice { rows: 30..33, start_pos: 0 }], 33),
+            (vec![SeqSlice { rows: 0..1, start_pos: 30 }, SeqSlice { rows: 1..2, start_pos: 3 }], 2),
+            (vec![SeqSlice { rows: 0..20, start_pos: 31 }, SeqSlice { rows: 20..21, start_pos: 4 }], 21),
+        ];
+        let (mut kb1, mut kb2) = (b.new_kv_cache(1, 60, kw).unwrap(), b.new_kv_cache(1, 60, kw).unwrap());
+        let (mut kr1, mut kr2) = (r.new_kv_cache(1, 60, kw).unwrap(), r.new_kv_cache(1, 60, kw).unwrap());
+        let plain = AttentionSpec { rope: None, ..spec };
+        for (seqs, t) in steps {
+            let mut qkv = host(t, w, normal(&mut rng, t * w, 1.0));
+            if kv_f16 {
+                // Keys and values the f16 cache holds exactly: no RoPE, values rounded.
+                for row in qkv.data.chunks_mut(w) {
+                    let kv = round_to(WeightDtype::F16, &row[spec.q_width()..]);
+                    row[spec.q_width()..].copy_from_slice(&kv);
+                }
+            }
+            let spec = if kv_f16 { plain } else { spec };
+            let got = b.attention(&b.upload(&qkv), &seqs, &mut [&mut kb1, &mut kb2], 0, &spec).unwrap();
+            let want = r.attention(&qkv, &seqs, &mut [&mut kr1, &mut kr2], 0, &spec).unwrap();
+            let what = format!("window {window} T={t} pos {}", seqs[0].start_pos);
+            note("attention_window", compare(&what, &read(&got), &want));
         }
     }
     worst

@@ -245,3 +245,15 @@ fn smollm2_is_bit_identical_on_every_level() {
     };
     check(&[(PathBuf::from(path), None)], 4, 2);
 }
+
+/// A real Gemma 3 (18 blocks, sliding-window and global attention, q/k norms, GeGLU, Q8_0 /
+/// Q5_0 / Q4_K / Q6_K tensors and a 262,144-row tied head).
+#[test]
+fn gemma3_is_bit_identical_on_every_level() {
+    let Ok(path) = std::env::var("BATCH_FORGE_GEMMA3") else {
+        assert!(!common::in_ci(), "CI=true: BATCH_FORGE_GEMMA3 is not set (.ci/run sets it)");
+        eprintln!("*** SKIPPED: BATCH_FORGE_GEMMA3 is not set; the Gemma 3 identity test did not run ***");
+        return;
+    };
+    check(&[(PathBuf::from(path), None)], 4, 2);
+}

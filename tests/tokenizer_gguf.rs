@@ -206,7 +206,9 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
     };
     let without = |key: &str| tiny_meta().into_iter().filter(|(k, _)| *k != key).collect::<Vec<_>>();
     for (meta, want) in [
-        (with("tokenizer.ggml.model", Meta::Str("llama".into())), "\"llama\" is not supported"),
+        (with("tokenizer.ggml.model", Meta::Str("bert".into())), "\"bert\" is not supported"),
+        // SentencePiece needs scores and token types.
+        (with("tokenizer.ggml.model", Meta::Str("llama".into())), "no tokenizer.ggml.scores"),
         (
             with("tokenizer.ggml.pre", Meta::Str("qwen2".into())),
             "\"qwen2\" is not supported (supported: \"gpt-2\", \"smollm\")",

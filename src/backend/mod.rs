@@ -102,12 +102,23 @@ pub struct AttentionSpec {
     pub scale: f32,
     /// Applied to queries and keys (at each row's position) before the keys are cached.
     pub rope: Option<Rope>,
+    /// Sliding-window attention: the row at position `pos` sees keys
+    /// `pos + 1 − window ..= pos` only (Gemma's, Mistral's local layers; HF's
+    /// `sliding_window`, llama.cpp's `n_swa`). `None`: every earlier key.
+    pub window: Option<usize>,
 }
 
 impl AttentionSpec {
     /// Multi-head attention without RoPE over `width` = `n_head × head_dim` (GPT-2).
     pub fn multi_head(width: usize, n_head: usize, scale: f32) -> Self {
-        AttentionSpec { n_head, n_kv_head: n_head, head_dim: width / n_head.max(1), scale, rope: None }
+        AttentionSpec { n_head, n_kv_head: n_head, head_dim: width / n_head.max(1), scale, rope: None, window: None }
+    }
+    /// The first key position the row at `pos` attends to.
+    pub fn first_key(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
     }
     pub fn q_width(&self) -> usize {
         self.n_head * self.head_dim
@@ -136,6 +147,7 @@ impl AttentionSpec {
             self.head_dim
         );
         ensure!(self.qkv_width() <= 1 << 24, "attention: implausibly wide heads");
+        ensure!(self.window != Some(0), "attention: a sliding window of 0 keys");
         Ok(())
     }
 }
@@ -219,6 +231,18 @@ pub fn check_attention<K: KvCache>(
         );
     }
     ensure!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");
+    Ok(())
+}
+
+/// The checks of [`Backend::qk_norm`]: a `qkv` of the spec's width, gains of `head_dim`.
+pub fn check_qk_norm(qkv_cols: usize, spec: &AttentionSpec, q_gain: usize, k_gain: usize) -> anyhow::Result<()> {
+    spec.validate()?;
+    ensure!(qkv_cols == spec.qkv_width(), "qk_norm: qkv width {qkv_cols}, but the heads make {}", spec.qkv_width());
+    ensure!(
+        q_gain == spec.head_dim && k_gain == spec.head_dim,
+        "qk_norm: gains of {q_gain} and {k_gain} for heads of {}",
+        spec.head_dim
+    );
     Ok(())
 }
 
@@ -386,10 +410,28 @@ pub trait Backend: Sync + 'static {
     fn rms_norm(&self, x: &Self::Act, gain: &Self::Vector, eps: f32) -> Self::Act;
     /// SwiGLU: `x` is (T, 2F) holding gate | up; returns `silu(gate) · up`, (T, F).
     fn swiglu(&self, x: &Self::Act) -> Self::Act;
+    /// GeGLU: `x` is (T, 2F) holding gate | up; returns `gelu(gate) · up` with
+    /// [`Backend::gelu`]'s GELU, (T, F) (Gemma's MLP).
+    fn geglu(&self, x: &Self::Act) -> Self::Act;
+    /// `x *= s`, in place (Gemma's embedding scale).
+    fn scale(&self, x: &mut Self::Act, s: f32);
+    /// RMSNorm of each query head of a `qkv` activation (layout of [`AttentionSpec`]) with
+    /// `q_gain` and of each key head with `k_gain` (`head_dim` gains each), in place, as
+    /// [`Backend::rms_norm`] computes a row; the values are left as they are (Gemma 3's
+    /// and Qwen 3's `q_norm`, `k_norm`).
+    fn qk_norm(
+        &self,
+        qkv: &mut Self::Act,
+        spec: &AttentionSpec,
+        q_gain: &Self::Vector,
+        k_gain: &Self::Vector,
+        eps: f32,
+    ) -> anyhow::Result<()>;
     /// Causal attention (layout of `qkv` in [`AttentionSpec`]). RoPE, if any, is applied
     /// to each row's queries and keys at its position; each sequence's keys and values are
     /// then written into its cache, and every row attends over positions `0..=pos` of its
-    /// own sequence. `caches[i]` belongs to `seqs[i]`. Returns (T, n_head·head_dim).
+    /// own sequence (positions `spec.first_key(pos)..=pos` with a sliding window).
+    /// `caches[i]` belongs to `seqs[i]`. Returns (T, n_head·head_dim).
     /// Arguments that do not fit the caches are an error ([`check_attention`]), never a panic.
     fn attention(
         &self,

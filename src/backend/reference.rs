@@ -66,6 +66,15 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
 }
 
+/// RMSNorm of one row with its statistics in f64: `x / sqrt(mean(x²) + eps) · gain`.
+fn rms_norm_in_place(row: &mut [f32], gain: &[f32], eps: f32) {
+    let mean_sq = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / row.len() as f64;
+    let inv_rms = 1.0 / (mean_sq + eps as f64).sqrt();
+    for (v, g) in row.iter_mut().zip(gain) {
+        *v = (*v as f64 * inv_rms) as f32 * g;
+    }
+}
+
 impl Backend for ReferenceBackend {
     type Matrix = RefMatrix;
     type Vector = Vec<f32>;
@@ -187,13 +196,7 @@ impl Backend for ReferenceBackend {
         if x.cols == 0 {
             return out;
         }
-        out.data.par_chunks_mut(x.cols).for_each(|row| {
-            let mean_sq = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / row.len() as f64;
-            let inv_rms = 1.0 / (mean_sq + eps as f64).sqrt();
-            for (v, g) in row.iter_mut().zip(gain) {
-                *v = (*v as f64 * inv_rms) as f32 * g;
-            }
-        });
+        out.data.par_chunks_mut(x.cols).for_each(|row| rms_norm_in_place(row, gain, eps));
         out
     }
 
@@ -207,6 +210,40 @@ impl Backend for ReferenceBackend {
             }
         }
         out
+    }
+
+    fn geglu(&self, x: &HostMatrix) -> HostMatrix {
+        let f = x.cols / 2;
+        let mut out = HostMatrix::zeros(x.rows, f);
+        for (o, row) in out.data.chunks_mut(f.max(1)).zip(x.data.chunks(x.cols.max(1))) {
+            let (gate, up) = row.split_at(f);
+            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                *o = gelu_tanh(g) * u;
+            }
+        }
+        out
+    }
+
+    fn scale(&self, x: &mut HostMatrix, s: f32) {
+        x.data.iter_mut().for_each(|v| *v *= s);
+    }
+
+    fn qk_norm(
+        &self,
+        qkv: &mut HostMatrix,
+        spec: &AttentionSpec,
+        q_gain: &Vec<f32>,
+        k_gain: &Vec<f32>,
+        eps: f32,
+    ) -> anyhow::Result<()> {
+        super::check_qk_norm(qkv.cols, spec, q_gain.len(), k_gain.len())?;
+        let (hd, nq, nk) = (spec.head_dim, spec.n_head, spec.n_kv_head);
+        for row in qkv.data.chunks_mut(qkv.cols) {
+            for (i, head) in row[..(nq + nk) * hd].chunks_mut(hd).enumerate() {
+                rms_norm_in_place(head, if i < nq { q_gain } else { k_gain }, eps);
+            }
+        }
+        Ok(())
     }
 
     fn attention(
@@ -242,16 +279,19 @@ impl Backend for ReferenceBackend {
         out.data.par_chunks_mut(qw).enumerate().for_each(|(r, out_row)| {
             let (s, pos) = row_info[r];
             let (k_cache, v_cache) = &caches[s].layers[layer];
-            let mut scores = vec![0.0f32; pos + 1];
+            let first = spec.first_key(pos);
+            let mut scores = vec![0.0f32; pos + 1 - first];
             for h in 0..spec.n_head {
                 let kv = (h / spec.group()) * hd;
                 let q = &qkv.row(r)[h * hd..(h + 1) * hd];
-                for (j, score) in scores.iter_mut().enumerate() {
+                for (i, score) in scores.iter_mut().enumerate() {
+                    let j = first + i;
                     *score = dot(q, &k_cache[j * kw + kv..j * kw + kv + hd]) * spec.scale;
                 }
                 softmax_in_place(&mut scores);
                 let o = &mut out_row[h * hd..(h + 1) * hd];
-                for (j, &p) in scores.iter().enumerate() {
+                for (i, &p) in scores.iter().enumerate() {
+                    let j = first + i;
                     for (ov, &vv) in o.iter_mut().zip(&v_cache[j * kw + kv..j * kw + kv + hd]) {
                         *ov += p * vv;
                     }

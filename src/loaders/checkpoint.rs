@@ -158,6 +158,18 @@ pub fn concat_rows(name: &str, parts: &[Tensor]) -> anyhow::Result<Tensor<'stati
         // The parts now live in the joined copy: their file pages can go (see `release`).
         bytes.iter().for_each(|b| super::release(b));
         joined
+    } else if let Some(blocks) = parts
+        .iter()
+        .map(|p| match &p.data {
+            TensorData::Quantized { ty, bytes } => crate::quant::to_q8_0(*ty, bytes),
+            TensorData::Float { .. } => None,
+        })
+        .collect::<Option<Vec<_>>>()
+    {
+        // Mixed Q8_0 / Q5_0 / Q4_0 (Gemma's q, k in Q5_0 and v in Q8_0): every part as
+        // Q8_0 blocks of exactly the same values, so the matrix stays quantized.
+        let blocks = blocks.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        TensorData::Quantized { ty: GgmlType::Q8_0, bytes: Cow::Owned(blocks.concat()) }
     } else {
         let mut out = Vec::new();
         for p in parts {

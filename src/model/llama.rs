@@ -92,6 +92,7 @@ impl<B: Backend> Llama<B> {
                 theta: config.rope_theta,
                 style: if gguf { RopeStyle::Adjacent } else { RopeStyle::Halves },
             }),
+            window: None,
         };
         backend.supports(&spec)?;
         if weights.get("rope_freqs.weight")?.is_some() {

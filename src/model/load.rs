@@ -10,11 +10,13 @@ use crate::backend::Backend;
 use crate::chat::ChatTemplate;
 use crate::loaders::gguf::GgufFile;
 use crate::loaders::{Gpt2Config, LlamaConfig, WeightStore, Weights};
-use crate::model::{CausalLm, Gpt2, Llama};
+use crate::model::gemma3::Gemma3Config;
+use crate::model::{CausalLm, Gemma3, Gpt2, Llama};
 use crate::tokenizer::Tokenizer;
 
-/// The architectures this engine runs, as HF's `model_type` and GGUF's `general.architecture` name them.
-pub const ARCHITECTURES: [&str; 2] = ["gpt2", "llama"];
+/// The architectures this engine runs, as GGUF's `general.architecture` names them (HF's
+/// `model_type` is the same but for Gemma 3's `gemma3_text`).
+pub const ARCHITECTURES: [&str; 3] = ["gpt2", "llama", "gemma3"];
 
 /// Whether `path` names a GGUF file (by its extension).
 pub fn is_gguf(path: &Path) -> bool {
@@ -63,10 +65,14 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
             Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
         }
+        Some("gemma3_text") => {
+            let config = Gemma3Config::from_hf_json(&text).map_err(bad)?;
+            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
+        }
         Some(other) => bail!(
-            "{}: model_type {other:?} is not supported (supported: {})",
+            "{}: model_type {other:?} is not supported (supported: gpt2, llama, gemma3_text)",
             config_path.display(),
-            ARCHITECTURES.join(", ")
         ),
     };
     let tokenizer = Tokenizer::from_dir(path)?;
@@ -98,12 +104,19 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
     let extra_eog: Vec<u32> = ["eot_token_id", "eom_token_id"].iter().filter_map(|k| token_id(k)).collect();
     let bad_config = |e: String| anyhow::anyhow!("{}: {e}", path.display());
     let loading = || format!("loading weights from {}", path.display());
-    let model: Box<dyn CausalLm<B>> = if arch == "gpt2" {
-        let config = Gpt2Config::from_gguf(&file).map_err(bad_config)?;
-        Box::new(Gpt2::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
-    } else {
-        let config = LlamaConfig::from_gguf(&file).map_err(bad_config)?;
-        Box::new(Llama::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+    let model: Box<dyn CausalLm<B>> = match arch.as_str() {
+        "gpt2" => {
+            let config = Gpt2Config::from_gguf(&file).map_err(bad_config)?;
+            Box::new(Gpt2::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+        }
+        "gemma3" => {
+            let config = Gemma3Config::from_gguf(&file).map_err(bad_config)?;
+            Box::new(Gemma3::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+        }
+        _ => {
+            let config = LlamaConfig::from_gguf(&file).map_err(bad_config)?;
+            Box::new(Llama::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+        }
     };
     finish(model, tokenizer, chat_template, &extra_eog)
 }

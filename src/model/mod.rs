@@ -3,8 +3,11 @@
 //!
 //! - [`gpt2`]: GPT-2 (LayerNorm, learned positions, GELU MLP, tied head).
 //! - [`llama`]: the Llama family (RMSNorm, RoPE, grouped-query attention, SwiGLU MLP).
+//! - [`gemma3`]: Gemma 3 (sandwich RMSNorms, q/k norms, GeGLU, local sliding-window and
+//!   global attention blocks, scaled embeddings).
 //! - [`load`]: a model folder or a GGUF file → the right architecture.
 
+pub mod gemma3;
 pub mod gpt2;
 pub mod llama;
 pub mod load;
@@ -13,6 +16,7 @@ pub mod random;
 use anyhow::{bail, ensure};
 
 use crate::backend::{Backend, KvCache, SeqSlice};
+pub use gemma3::Gemma3;
 pub use gpt2::Gpt2;
 pub use llama::Llama;
 pub use load::load_model;
@@ -61,7 +65,7 @@ impl std::fmt::Display for Stage {
 /// What the engine, the CLI and the verifier know about a model, whatever its architecture.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelInfo {
-    /// `gpt2`, `llama`.
+    /// `gpt2`, `llama`, `gemma3`.
     pub architecture: &'static str,
     pub vocab_size: usize,
     /// Positions the model was trained for: the largest KV cache it accepts.

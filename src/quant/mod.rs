@@ -85,6 +85,30 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, String> {
     Ok(out)
 }
 
+/// `data` (whole blocks of `ty`) as Q8_0 blocks holding exactly the same values, where the
+/// type allows it: Q8_0 itself, Q4_0 and Q5_0, whose `d · (q − 8)` and `d · (q − 16)`
+/// are a Q8_0 block with the same `d` and `q − 8`, `q − 16` as its i8 quants (llama.cpp's
+/// dot products of these types with Q8_0 activations compute the very same sums).
+/// `None` for other types; an error for bytes that are not whole blocks.
+pub fn to_q8_0(ty: GgmlType, data: &[u8]) -> Option<Result<Vec<u8>, String>> {
+    let quant: fn(&[u8], usize) -> i8 = match ty {
+        GgmlType::Q8_0 => |b, i| b[2 + i] as i8,
+        GgmlType::Q4_0 => |b, i| nibble(&b[2..18], i) as i8 - 8,
+        GgmlType::Q5_0 => |b, i| five_bits(&b[2..6], &b[6..22], i) as i8 - 16,
+        _ => return None,
+    };
+    let ts = ty.type_size() as usize;
+    if !data.len().is_multiple_of(ts) {
+        return Some(Err(format!("{} bytes are not whole {} blocks of {ts} bytes", data.len(), ty.name())));
+    }
+    let mut out = Vec::with_capacity(data.len() / ts * 34);
+    for b in data.chunks_exact(ts) {
+        out.extend_from_slice(&b[..2]);
+        out.extend((0..32).map(|i| quant(b, i) as u8));
+    }
+    Some(Ok(out))
+}
+
 /// y = q · d.
 fn q8_0(b: &[u8], y: &mut [f32]) {
     let d = f16_at(b, 0);
@@ -189,5 +213,28 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
         let high = qh[32 * n + v_in % 32] >> (2 * (v_in / 32)) & 3;
         let q = (low | high << 4) as i8 - 32;
         *v = (d * f32::from(scales[i / 16] as i8)) * f32::from(q);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_q8_0_keeps_every_value() {
+        // Blocks with every quant value and an awkward f16 scale.
+        let d = half::f16::from_f32(-0.0173).to_bits().to_le_bytes();
+        let mut q4 = d.to_vec();
+        q4.extend((0..16u8).map(|i| i | (15 - i) << 4));
+        let mut q5 = d.to_vec();
+        q5.extend(0xA5C3_0F96u32.to_le_bytes());
+        q5.extend((0..16u8).map(|i| (i * 7 % 16) | (i * 3 % 16) << 4));
+        for (ty, b) in [(GgmlType::Q4_0, q4), (GgmlType::Q5_0, q5)] {
+            let q8 = to_q8_0(ty, &b).unwrap().unwrap();
+            assert_eq!(q8.len(), 34);
+            assert_eq!(dequantize(GgmlType::Q8_0, &q8).unwrap(), dequantize(ty, &b).unwrap(), "{}", ty.name());
+        }
+        assert!(to_q8_0(GgmlType::Q4_1, &[0; 20]).is_none());
+        assert!(to_q8_0(GgmlType::Q5_0, &[0; 21]).unwrap().is_err());
     }
 }

@@ -1,15 +1,19 @@
-//! Byte-level BPE tokenizer (GPT-2 and Llama-family models that use it): loading,
-//! encoding, decoding, streaming decode.
+//! Tokenizers: byte-level BPE (GPT-2, SmolLM2, …) and SentencePiece BPE (Gemma,
+//! Llama 2, …): loading, encoding, decoding, streaming decode.
 //!
 //! Loads HF `tokenizer.json`, the original `vocab.json` + `merges.txt`, or the
-//! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2`). Encoding is pre-tokenize
-//! ([`pretokenize`]; GPT-2's pattern, or llama.cpp's `smollm`: every number character
-//! alone first) → bytes → BPE merges by rank, with a per-word cache.
+//! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2` or `llama`). Byte-level
+//! encoding is pre-tokenize ([`pretokenize`]; GPT-2's pattern, or llama.cpp's `smollm`:
+//! every number character alone first) → bytes → BPE merges by rank, with a per-word
+//! cache. SentencePiece encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
 //! Special tokens (`<|endoftext|>`) are matched in the text only when asked
-//! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does.
+//! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does; tokens
+//! a vocabulary marks user-defined and not special (Gemma's `\n\n`, `<h1>`) are matched always,
+//! as HF and llama.cpp do.
 
 mod byte_level;
 mod pretokenize;
+mod spm;
 mod stream;
 
 pub use pretokenize::pre_tokenize;
@@ -48,8 +52,28 @@ pub enum PreTokenizer {
     SmolLm,
 }
 
+/// A token matched in the text before the model runs (HF's added tokens, GGUF's control
+/// and user-defined tokens).
+struct Special {
+    text: String,
+    id: u32,
+    /// Matched even by [`Tokenizer::encode_ordinary`] (not special: user-defined tokens).
+    always: bool,
+}
+
+/// Which algorithm turns raw text into ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerModel {
+    /// Byte-level BPE with a [`PreTokenizer`] (GPT-2; GGUF `gpt2`).
+    ByteLevelBpe,
+    /// SentencePiece BPE with byte fallback (GGUF `llama`).
+    SentencePiece,
+}
+
 pub struct Tokenizer {
     pre: PreTokenizer,
+    /// Set for SentencePiece vocabularies; byte-level BPE otherwise.
+    spm: Option<spm::Spm>,
     /// BOS and EOS ids that encoders of whole texts put first and last (GGUF
     /// `add_bos_token`, `add_eos_token`).
     add_bos: Option<u32>,
@@ -65,8 +89,8 @@ pub struct Tokenizer {
     /// does (llama.cpp drops them after merging: the two differ only when a merge spans
     /// a dropped byte inside one pre-token).
     byte_ids: [Option<u32>; 256],
-    /// Special tokens as (text, id), longest first.
-    specials: Vec<(String, u32)>,
+    /// Special tokens, longest first.
+    specials: Vec<Special>,
     cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
 }
 
@@ -136,7 +160,8 @@ impl Tokenizer {
         for t in root["added_tokens"].as_array().into_iter().flatten() {
             if let (Some(content), Some(id)) = (t["content"].as_str(), t["id"].as_u64()) {
                 let id = u32::try_from(id).map_err(|_| format_err(path, "added token id is not a u32"))?;
-                specials.push((content.to_owned(), id));
+                let always = t["special"].as_bool() == Some(false);
+                specials.push(Special { text: content.to_owned(), id, always });
             }
         }
         Self::build(path, vocab, merges, specials, |_| false)
@@ -162,7 +187,10 @@ impl Tokenizer {
             merges.push((a.to_owned(), b.to_owned()));
         }
         // GPT-2's one special token lives in vocab.json; mark it special as HF does.
-        let specials = vocab.get("<|endoftext|>").map(|&id| vec![("<|endoftext|>".to_owned(), id)]).unwrap_or_default();
+        let specials = vocab
+            .get("<|endoftext|>")
+            .map(|&id| vec![Special { text: "<|endoftext|>".to_owned(), id, always: false }])
+            .unwrap_or_default();
         Self::build(vocab_path, vocab.into_iter().collect(), merges, specials, |_| false)
     }
 
@@ -172,26 +200,26 @@ impl Tokenizer {
         path: &Path,
         vocab: Vec<(String, u32)>,
         merges: Vec<(String, String)>,
-        mut specials: Vec<(String, u32)>,
+        mut specials: Vec<Special>,
         may_lack: fn(u8) -> bool,
     ) -> Result<Self> {
         let table = byte_level::byte_to_char_table();
         // Empty tokens would match everywhere (an endless encode) or decode to nothing.
-        if let Some((_, id)) = specials.iter().find(|(s, _)| s.is_empty()) {
-            return Err(format_err(path, format!("special token {id} has empty content")));
+        if let Some(s) = specials.iter().find(|s| s.text.is_empty()) {
+            return Err(format_err(path, format!("special token {} has empty content", s.id)));
         }
         if let Some((_, id)) = vocab.iter().find(|(s, _)| s.is_empty()) {
             return Err(format_err(path, format!("vocab token {id} is the empty string")));
         }
         let mut special_ids: HashMap<u32, &str> = HashMap::with_capacity(specials.len());
-        for (s, id) in &specials {
+        for Special { text: s, id, .. } in &specials {
             if let Some(other) = special_ids.insert(*id, s.as_str())
                 && other != s
             {
                 return Err(format_err(path, format!("special tokens {other:?} and {s:?} share id {id}")));
             }
         }
-        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.1)).max().unwrap_or(0);
+        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.id)).max().unwrap_or(0);
         if max_id > 10_000_000 {
             return Err(format_err(path, format!("token id {max_id} is implausibly large")));
         }
@@ -209,8 +237,8 @@ impl Tokenizer {
             decoder[*id as usize] = bytes.clone();
             encoder.insert(bytes, *id);
         }
-        for (s, id) in &specials {
-            decoder[*id as usize] = s.as_bytes().to_vec();
+        for s in &specials {
+            decoder[s.id as usize] = s.text.as_bytes().to_vec();
         }
         let mut byte_ids = [None; 256];
         for b in 0..=255u8 {
@@ -232,9 +260,10 @@ impl Tokenizer {
             let merged = lookup(&format!("{a}{b}"))?;
             merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
         }
-        specials.sort_by_key(|(s, _)| Reverse(s.len()));
+        specials.sort_by_key(|s| Reverse(s.text.len()));
         Ok(Tokenizer {
             pre: PreTokenizer::Gpt2,
+            spm: None,
             add_bos: None,
             add_eos: None,
             encoder,
@@ -247,18 +276,25 @@ impl Tokenizer {
     }
 
     /// Build from the `tokenizer.ggml.*` metadata of a GGUF file: model `gpt2`
-    /// (byte-level BPE) with pre-tokenizer `gpt-2` or `smollm`; control (type 3) and
-    /// user-defined (type 4) tokens are special (matched in text, spelled as they are).
+    /// (byte-level BPE) with pre-tokenizer `gpt-2` or `smollm`, or model `llama`
+    /// (SentencePiece BPE, [`spm`]). Control (type 3) tokens are special (matched in text
+    /// by [`Tokenizer::encode`], spelled as they are); user-defined (type 4) ones are
+    /// matched always.
     pub fn from_gguf(g: &crate::loaders::gguf::GgufFile) -> Result<Self> {
         let path = g.path();
         let err = |msg: String| format_err(path, msg);
         let meta = |k: &str| g.get(k).ok_or_else(|| err(format!("no {k} in the metadata")));
         let string = |k: &str| meta(k)?.as_str().ok_or_else(|| err(format!("{k} is not a string")));
         let model = string("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(err(format!(
-                "tokenizer.ggml.model = {model:?} is not supported (only \"gpt2\", byte-level BPE)"
-            )));
+        match model {
+            "gpt2" => {}
+            "llama" => return Self::from_gguf_spm(g),
+            other => {
+                return Err(err(format!(
+                    "tokenizer.ggml.model = {other:?} is not supported (supported: \"gpt2\", byte-level BPE; \
+                     \"llama\", SentencePiece BPE)"
+                )));
+            }
         }
         let pre = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
             None => {
@@ -297,7 +333,7 @@ impl Tokenizer {
             let id = u32::try_from(i).map_err(|_| err("too many tokens".into()))?;
             let ty = types.map(|t| t[i].as_u64());
             match ty {
-                Some(Some(3 | 4)) => specials.push((text.to_owned(), id)),
+                Some(Some(t @ (3 | 4))) => specials.push(Special { text: text.to_owned(), id, always: t == 4 }),
                 Some(Some(_)) | None => {}
                 Some(None) => return Err(err(format!("token type {i} is not an integer"))),
             }
@@ -309,11 +345,24 @@ impl Tokenizer {
             let (a, b) = m.split_once(' ').ok_or_else(|| err(format!("merge {i} ({m:?}) is not two tokens")))?;
             merges.push((a.to_owned(), b.to_owned()));
         }
+        // GGUF vocabularies may lack ASCII control bytes and lead bytes of UTF-8 beyond
+        // plane 1 or never valid (SmolLM2 lacks 21 such); text loses those bytes, as in
+        // HF. Printable ASCII, continuation bytes and common lead bytes must be there.
+        let may_lack = |b: u8| b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1;
+        let mut tok = Self::build(path, vocab, merges, specials, may_lack)?;
+        tok.pre = pre;
+        tok.set_bos_eos_from_gguf(g, tokens.len())?;
+        Ok(tok)
+    }
+
+    /// GGUF `add_bos_token` / `add_eos_token` with their ids, checked against the vocabulary.
+    fn set_bos_eos_from_gguf(&mut self, g: &crate::loaders::gguf::GgufFile, n_tokens: usize) -> Result<()> {
+        let err = |msg: String| format_err(g.path(), msg);
         let id_of = |k: &str| -> Result<Option<u32>> {
             match g.get(k) {
                 None => Ok(None),
                 Some(v) => {
-                    let id = v.as_u64().and_then(|v| u32::try_from(v).ok()).filter(|&v| (v as usize) < tokens.len());
+                    let id = v.as_u64().and_then(|v| u32::try_from(v).ok()).filter(|&v| (v as usize) < n_tokens);
                     id.map(Some).ok_or_else(|| err(format!("{k} is not a token id")))
                 }
             }
@@ -329,19 +378,96 @@ impl Tokenizer {
         for k in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"] {
             id_of(k)?;
         }
-        // GGUF vocabularies may lack ASCII control bytes and lead bytes of UTF-8 beyond
-        // plane 1 or never valid (SmolLM2 lacks 21 such); text loses those bytes, as in
-        // HF. Printable ASCII, continuation bytes and common lead bytes must be there.
-        let may_lack = |b: u8| b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1;
-        let mut tok = Self::build(path, vocab, merges, specials, may_lack)?;
-        tok.pre = pre;
         if add_bos {
-            tok.add_bos = Some(bos.ok_or_else(|| err("add_bos_token is set but there is no bos_token_id".into()))?);
+            self.add_bos = Some(bos.ok_or_else(|| err("add_bos_token is set but there is no bos_token_id".into()))?);
         }
         if add_eos {
-            tok.add_eos = Some(eos.ok_or_else(|| err("add_eos_token is set but there is no eos_token_id".into()))?);
+            self.add_eos = Some(eos.ok_or_else(|| err("add_eos_token is set but there is no eos_token_id".into()))?);
         }
+        Ok(())
+    }
+
+    /// A SentencePiece vocabulary from GGUF metadata: `tokenizer.ggml.tokens`, `.scores`
+    /// and `.token_type` (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,
+    /// 6 byte `<0xXX>`), `add_space_prefix` (default true, as llama.cpp has it).
+    fn from_gguf_spm(g: &crate::loaders::gguf::GgufFile) -> Result<Self> {
+        let path = g.path();
+        let err = |msg: String| format_err(path, msg);
+        let meta = |k: &str| g.get(k).ok_or_else(|| err(format!("no {k} in the metadata")));
+        let array = |k: &str| meta(k)?.as_array().ok_or_else(|| err(format!("{k} is not an array")));
+        let tokens = array("tokenizer.ggml.tokens")?;
+        let n = tokens.len();
+        if n == 0 || n > 10_000_000 {
+            return Err(err(format!("{n} tokens is not a plausible vocabulary")));
+        }
+        let scores = array("tokenizer.ggml.scores")?;
+        let types = array("tokenizer.ggml.token_type")?;
+        if scores.len() != n || types.len() != n {
+            return Err(err(format!("{n} tokens but {} scores and {} token types", scores.len(), types.len())));
+        }
+        let mut pieces = Vec::with_capacity(n);
+        let mut specials = Vec::new();
+        let mut decoder = Vec::with_capacity(n);
+        let mut byte_tokens = [None; 256];
+        for i in 0..n {
+            let text = tokens[i].as_str().ok_or_else(|| err(format!("token {i} is not a string")))?;
+            let score = scores[i].as_f64().ok_or_else(|| err(format!("score {i} is not a number")))? as f32;
+            let ty = types[i].as_u64().ok_or_else(|| err(format!("token type {i} is not an integer")))?;
+            let id = i as u32;
+            let bytes = match ty {
+                6 => {
+                    let b = text
+                        .strip_prefix("<0x")
+                        .and_then(|h| h.strip_suffix('>'))
+                        .filter(|h| h.len() == 2)
+                        .and_then(|h| u8::from_str_radix(h, 16).ok())
+                        .ok_or_else(|| err(format!("byte token {i} is {text:?}, not <0xXX>")))?;
+                    byte_tokens[b as usize].get_or_insert(id);
+                    vec![b]
+                }
+                3 | 4 if !text.is_empty() => {
+                    specials.push(Special { text: text.to_owned(), id, always: ty == 4 });
+                    text.as_bytes().to_vec()
+                }
+                _ => text.replace('▁', " ").into_bytes(),
+            };
+            // Merges may form any piece of the vocabulary, as llama.cpp's text → id map allows.
+            pieces.push((text.to_owned(), id, score));
+            decoder.push(bytes);
+        }
+        let unknown = match g.get("tokenizer.ggml.unknown_token_id") {
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .filter(|&v| (v as usize) < n)
+                    .ok_or_else(|| err("tokenizer.ggml.unknown_token_id is not a token id".into()))?,
+            ),
+            None => None,
+        };
+        let add_space_prefix = match g.get("tokenizer.ggml.add_space_prefix") {
+            Some(v) => v.as_bool().ok_or_else(|| err("tokenizer.ggml.add_space_prefix is not a bool".into()))?,
+            None => true,
+        };
+        specials.sort_by_key(|s| Reverse(s.text.len()));
+        let mut tok = Tokenizer {
+            pre: PreTokenizer::Gpt2,
+            spm: Some(spm::Spm::new(pieces, byte_tokens, unknown, add_space_prefix)),
+            add_bos: None,
+            add_eos: None,
+            encoder: HashMap::new(),
+            decoder,
+            merges: HashMap::new(),
+            byte_ids: [None; 256],
+            specials,
+            cache: Mutex::new(HashMap::new()),
+        };
+        tok.set_bos_eos_from_gguf(g, n)?;
         Ok(tok)
+    }
+
+    /// Which algorithm this tokenizer runs.
+    pub fn model(&self) -> TokenizerModel {
+        if self.spm.is_some() { TokenizerModel::SentencePiece } else { TokenizerModel::ByteLevelBpe }
     }
 
     /// The pre-tokenizer this tokenizer splits words with.
@@ -367,42 +493,61 @@ impl Tokenizer {
 
     /// The id of a special token such as `<|endoftext|>`.
     pub fn special_id(&self, text: &str) -> Option<u32> {
-        self.specials.iter().find(|(s, _)| s == text).map(|s| s.1)
+        self.specials.iter().find(|s| s.text == text).map(|s| s.id)
     }
 
     /// Encode, mapping special-token text (`<|endoftext|>`) to its id, like HF's default `encode`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::new();
+        self.encode_into(text, true, &mut ids);
+        ids
+    }
+
+    /// Encode treating special-token text as text (it is spelled out), like tiktoken's
+    /// `encode_ordinary`. Tokens the vocabulary marks user-defined, not special, are
+    /// still matched (HF and llama.cpp always match them).
+    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+        let mut ids = Vec::new();
+        self.encode_into(text, false, &mut ids);
+        ids
+    }
+
+    fn encode_into(&self, text: &str, parse_special: bool, ids: &mut Vec<u32>) {
+        let active = |s: &Special| parse_special || s.always;
         // The next occurrence of each special token at or after `cursor`. Each is searched
         // for again only once the cursor has passed it, so encoding stays linear in the
         // text for each special token, however many times they occur.
-        let mut next: Vec<Option<usize>> = self.specials.iter().map(|(s, _)| text.find(s.as_str())).collect();
+        let mut next: Vec<Option<usize>> =
+            self.specials.iter().map(|s| if active(s) { text.find(s.text.as_str()) } else { None }).collect();
         let mut cursor = 0;
+        let mut after_special = true;
         // Earliest match; among equal starts the longest (specials are sorted longest first).
         while let Some((at, i)) = next.iter().enumerate().filter_map(|(i, at)| at.map(|at| (at, i))).min() {
-            let (special, id) = &self.specials[i];
-            self.encode_ordinary_into(&text[cursor..at], &mut ids);
-            ids.push(*id);
-            cursor = at + special.len();
-            for ((s, _), slot) in self.specials.iter().zip(&mut next) {
+            let special = &self.specials[i];
+            if at > cursor {
+                self.encode_raw(&text[cursor..at], after_special, ids);
+            }
+            ids.push(special.id);
+            after_special = true;
+            cursor = at + special.text.len();
+            for (s, slot) in self.specials.iter().zip(&mut next) {
                 if slot.is_some_and(|p| p < cursor) {
-                    *slot = text[cursor..].find(s.as_str()).map(|p| cursor + p);
+                    *slot = text[cursor..].find(s.text.as_str()).map(|p| cursor + p);
                 }
             }
         }
-        self.encode_ordinary_into(&text[cursor..], &mut ids);
-        ids
+        if cursor < text.len() {
+            self.encode_raw(&text[cursor..], after_special, ids);
+        }
     }
 
-    /// Encode treating every character as text (special-token text is spelled out), like
-    /// tiktoken's `encode_ordinary`.
-    pub fn encode_ordinary(&self, text: &str) -> Vec<u32> {
-        let mut ids = Vec::new();
-        self.encode_ordinary_into(text, &mut ids);
-        ids
-    }
-
-    fn encode_ordinary_into(&self, text: &str, out: &mut Vec<u32>) {
+    /// Encode text that holds no special token; `after_special`: it starts the input or
+    /// follows a special token (where SentencePiece's space prefix goes).
+    fn encode_raw(&self, text: &str, after_special: bool, out: &mut Vec<u32>) {
+        if let Some(spm) = &self.spm {
+            spm.encode(text, after_special, out);
+            return;
+        }
         match self.pre {
             PreTokenizer::Gpt2 => {
                 for piece in pre_tokenize(text) {

@@ -220,6 +220,22 @@ impl Backend for RoundedReference {
     fn swiglu(&self, x: &HostMatrix) -> HostMatrix {
         ReferenceBackend.swiglu(x)
     }
+    fn geglu(&self, x: &HostMatrix) -> HostMatrix {
+        ReferenceBackend.geglu(x)
+    }
+    fn scale(&self, x: &mut HostMatrix, s: f32) {
+        ReferenceBackend.scale(x, s)
+    }
+    fn qk_norm(
+        &self,
+        qkv: &mut HostMatrix,
+        spec: &AttentionSpec,
+        q_gain: &Vec<f32>,
+        k_gain: &Vec<f32>,
+        eps: f32,
+    ) -> anyhow::Result<()> {
+        ReferenceBackend.qk_norm(qkv, spec, q_gain, k_gain, eps)
+    }
     fn attention(
         &self,
         qkv: &HostMatrix,

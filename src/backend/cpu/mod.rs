@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use super::{
     AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention,
-    dequantized_matrix, rope_row,
+    check_qk_norm, dequantized_matrix, rope_row,
 };
 use crate::loaders::gguf::GgmlType;
 use crate::loaders::safetensors::{Dtype, TensorView};
@@ -312,7 +312,9 @@ fn attention_head_blocked(
     matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
     for (i, row) in scores.chunks_mut(keys).enumerate() {
         let visible = seq.start_pos + i + 1;
-        simd::softmax(isa, &mut row[..visible]);
+        let first = spec.first_key(visible - 1); // keys before a sliding window weigh 0
+        row[..first].fill(0.0);
+        simd::softmax(isa, &mut row[first..visible]);
         row[visible..].fill(0.0);
     }
     let v = match v_store {
@@ -457,6 +459,16 @@ impl Backend for CpuBackend {
         match QType::from_ggml(ty) {
             Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
                 let m = QMatrix::new_with(q, n_out, n_in, bytes, crate::loaders::release)
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                Ok(CpuMatrix::Quant(m))
+            }
+            // Q5_0 as Q8_0 blocks of the same values: llama.cpp's q5_0 · q8_0 sums exactly.
+            None if ty == GgmlType::Q5_0 && self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
+                let q8 = crate::quant::to_q8_0(ty, bytes)
+                    .unwrap_or_else(|| Err("not transcodable".into()))
+                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                crate::loaders::release(bytes);
+                let m = QMatrix::new_with(QType::Q8_0, n_out, n_in, &q8, |_| {})
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }
@@ -608,6 +620,49 @@ impl Backend for CpuBackend {
         out
     }
 
+    fn geglu(&self, x: &CpuAct) -> CpuAct {
+        let (isa, f) = (self.opts.isa, x.cols / 2);
+        let mut out = self.take_to_overwrite(x.rows, f);
+        // gelu(gate) in place, then · up: the same GELU bits as `gelu` on every path.
+        map_rows(x, x.cols, &mut out, f, |xr, or| {
+            or.copy_from_slice(&xr[..f]);
+            simd::gelu(isa, or);
+            for (o, &u) in or.iter_mut().zip(&xr[f..2 * f]) {
+                *o *= u;
+            }
+        });
+        out
+    }
+
+    fn scale(&self, x: &mut CpuAct, s: f32) {
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+
+    fn qk_norm(
+        &self,
+        qkv: &mut CpuAct,
+        spec: &AttentionSpec,
+        q_gain: &Vec<f32>,
+        k_gain: &Vec<f32>,
+        eps: f32,
+    ) -> anyhow::Result<()> {
+        check_qk_norm(qkv.cols, spec, q_gain.len(), k_gain.len())?;
+        let (hd, nq, nk, cols) = (spec.head_dim, spec.n_head, spec.n_kv_head, qkv.cols);
+        let one_row = |row: &mut [f32]| {
+            let mut tmp = vec![0.0f32; hd];
+            for (i, head) in row[..(nq + nk) * hd].chunks_mut(hd).enumerate() {
+                simd::rms_norm(head, if i < nq { q_gain } else { k_gain }, eps, &mut tmp);
+                head.copy_from_slice(&tmp);
+            }
+        };
+        if qkv.rows > 1 {
+            qkv.par_chunks_mut(cols).for_each(one_row);
+        } else {
+            qkv.chunks_mut(cols).for_each(one_row);
+        }
+        Ok(())
+    }
+
     fn attention(
         &self,
         qkv: &CpuAct,
@@ -683,11 +738,12 @@ impl Backend for CpuBackend {
             // decode steps never allocate) and never shrunk: a decode step runs thousands of
             // these tasks, and zeroing fresh stack buffers for each showed in profiles.
             ATTENTION_SCRATCH.with_borrow_mut(|scores| {
+                let first = spec.first_key(pos);
                 scores.clear();
                 scores.reserve(cache.capacity.max(pos + 1));
-                scores.resize(pos + 1, 0.0);
-                // This head's cached rows 0..=pos are contiguous (see `kv_index`).
-                let span = kv_index(cache.capacity, hd, kvh, 0)..kv_index(cache.capacity, hd, kvh, pos + 1);
+                scores.resize(pos + 1 - first, 0.0);
+                // This head's cached rows first..=pos are contiguous (see `kv_index`).
+                let span = kv_index(cache.capacity, hd, kvh, first)..kv_index(cache.capacity, hd, kvh, pos + 1);
                 // f16 rows are widened exactly as they are read: the same bits as f32 copies.
                 match k_store {
                     KvStore::F32(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),

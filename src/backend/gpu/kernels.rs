@@ -35,8 +35,8 @@ const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 
 /// The entry points of each file.
 pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
-    ("elementwise.wgsl", &["add", "gelu", "swiglu"]),
-    ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm"]),
+    ("elementwise.wgsl", &["add", "gelu", "swiglu", "geglu", "scale"]),
+    ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm", "qk_norm"]),
     ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
     ("embed.wgsl", &["embed"]),
@@ -154,7 +154,9 @@ fn slots(entry: &str) -> &'static [(u32, Slot)] {
     match entry {
         "add" => &[(1, ReadWrite), (2, Read)],
         "gelu" => &[(1, ReadWrite)],
-        "swiglu" => &[(1, ReadWrite), (2, Read)],
+        "swiglu" | "geglu" => &[(1, ReadWrite), (2, Read)],
+        "scale" => &[(1, ReadWrite)],
+        "qk_norm" => &[(1, ReadWrite), (3, Read), (4, Read)],
         "rms_norm" => &[(1, ReadWrite), (3, Read), (5, ReadWrite)],
         "add_rms_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (5, ReadWrite)],
         "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
@@ -181,6 +183,9 @@ pub struct Kernels {
     pub add: Kernel,
     pub gelu: Kernel,
     pub swiglu: Kernel,
+    pub geglu: Kernel,
+    pub scale: Kernel,
+    pub qk_norm: Kernel,
     pub layer_norm: Kernel,
     pub add_layer_norm: Kernel,
     pub rms_norm: Kernel,
@@ -326,6 +331,9 @@ impl Kernels {
             add: kernel(&elementwise, "add")?,
             gelu: kernel(&elementwise, "gelu")?,
             swiglu: kernel(&elementwise, "swiglu")?,
+            geglu: kernel(&elementwise, "geglu")?,
+            scale: kernel(&elementwise, "scale")?,
+            qk_norm: kernel(&ln, "qk_norm")?,
             layer_norm: kernel(&ln, "layer_norm")?,
             add_layer_norm: kernel(&ln, "add_layer_norm")?,
             rms_norm: kernel(&ln, "rms_norm")?,

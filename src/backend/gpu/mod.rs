@@ -1002,6 +1002,10 @@ impl Backend for GpuBackend {
         let (n_head, head_dim, scale) = (spec.n_head, spec.head_dim, spec.scale);
         let c = spec.q_width();
         ensure!(head_dim <= 256, "attention: heads of {head_dim} values; the gpu kernels take at most 256");
+        let window = match spec.window {
+            None => 0,
+            Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
+        };
         let out = self.take(qkv.rows, c);
         for (s, cache) in seqs.iter().zip(caches.iter()) {
             let rows = s.rows.len();
@@ -1028,7 +1032,7 @@ impl Backend for GpuBackend {
                 scale.to_bits(),
                 spec.n_kv_head as u32,
                 rope_mode,
-                0,
+                window,
                 0,
                 0,
             ];
@@ -1109,6 +1113,53 @@ impl Backend for GpuBackend {
             None,
         );
         out
+    }
+
+    fn geglu(&self, x: &GpuAct) -> GpuAct {
+        let f = x.cols / 2;
+        let out = self.take(x.rows, f);
+        if !x.cols.is_multiple_of(2) {
+            self.fail(format!("geglu: {} columns is not gate | up", x.cols));
+            return out;
+        }
+        let n = x.rows * f;
+        let params = [n as u32, f as u32, 0, 0];
+        self.dispatch(
+            &self.kernels.geglu,
+            &params,
+            &[(1, out.binding()), (2, x.binding())],
+            self.grid(n.div_ceil(256)),
+            None,
+        );
+        out
+    }
+
+    fn scale(&self, x: &mut GpuAct, s: f32) {
+        let n = x.rows * x.cols;
+        let params = [n as u32, 0, s.to_bits(), 0];
+        self.dispatch(&self.kernels.scale, &params, &[(1, x.binding())], self.grid(n.div_ceil(256)), None);
+    }
+
+    fn qk_norm(
+        &self,
+        qkv: &mut GpuAct,
+        spec: &AttentionSpec,
+        q_gain: &GpuVector,
+        k_gain: &GpuVector,
+        eps: f32,
+    ) -> anyhow::Result<()> {
+        crate::backend::check_qk_norm(qkv.cols, spec, q_gain.len, k_gain.len)?;
+        ensure!(spec.n_head < 1 << 16 && spec.n_kv_head < 1 << 16, "qk_norm: too many heads for the gpu kernel");
+        let segments = qkv.rows * (spec.n_head + spec.n_kv_head);
+        let heads = ((spec.n_head as u32) << 16) | spec.n_kv_head as u32;
+        let params = [segments as u32, spec.head_dim as u32, eps.to_bits(), heads];
+        let bindings = [
+            (1, qkv.binding()),
+            (3, q_gain.buffer.as_entire_buffer_binding()),
+            (4, k_gain.buffer.as_entire_buffer_binding()),
+        ];
+        self.dispatch(&self.kernels.qk_norm, &params, &bindings, self.grid(segments), None);
+        Ok(())
     }
 
     fn select_rows(&self, x: &GpuAct, rows: &[usize]) -> GpuAct {

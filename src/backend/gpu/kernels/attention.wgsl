@@ -11,7 +11,8 @@
 // `kv_store`: writes the k (rotated) and v parts of the slice's rows into the cache at
 // positions start_pos.. .
 // `attend`: one workgroup per (row, query head); query head h reads KV head
-// h / (n_head / n_kv_head). The row at position `pos` attends over keys 0..=pos in tiles
+// h / (n_head / n_kv_head). The row at position `pos` attends over keys 0..=pos (the last
+// `window` of them with a sliding window) in tiles
 // of 256: scores in workgroup memory, an online softmax (running max and sum, rescaling
 // the partial output when the max grows), output dims owned by invocations 0..head_dim.
 // Bounded workgroup memory for any context length.
@@ -26,7 +27,7 @@ struct Params {
     scale: f32,
     n_kv_head: u32,
     rope_mode: u32, // 0 none, 1 neighbour pairs, 2 halves
-    _pad0: u32,
+    window: u32,    // sliding window: keys pos + 1 - window ..= pos; 0 for all
     _pad1: u32,
     _pad2: u32,
 }
@@ -98,6 +99,10 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let head = q_head / (p.n_head / p.n_kv_head); // its KV head
     let pos = p.start_pos + r;
     let n_keys = pos + 1u;
+    var first = 0u;
+    if (p.window > 0u && n_keys > p.window) {
+        first = n_keys - p.window;
+    }
     if (tid < p.head_dim) {
         q_s[tid] = rotated((p.row0 + r) * row_width() + q_head * p.head_dim, tid, pos);
     }
@@ -106,7 +111,7 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var m = -3.4028235e38; // running max (finite, so exp(m - m_new) never sees inf - inf)
     var l = 0.0;           // running sum of exp(score - m)
     var acc = 0.0;         // output dim `tid` (when tid < head_dim), scaled by exp(-m)
-    for (var t0 = 0u; t0 < n_keys; t0 = t0 + 256u) {
+    for (var t0 = first; t0 < n_keys; t0 = t0 + 256u) {
         let j = t0 + tid;
         var s = -3.4028235e38;
         if (j < n_keys) {

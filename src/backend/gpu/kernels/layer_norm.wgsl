@@ -6,12 +6,16 @@
 // `add_layer_norm`: x += y (written back: the residual stream), then out = LN(x)
 // `rms_norm`:       out = x / sqrt(mean(x^2) + eps) * gain (Llama's RMSNorm)
 // `add_rms_norm`:   x += y, then out = RMSNorm(x)
+// `qk_norm`:        in place, RMSNorm of each query head of a qkv row with `gain` and of
+//                   each key head with `shift` (the key gain); one workgroup per head,
+//                   `rows` = rows × (query + key heads), `cols` = head size, `heads` =
+//                   query heads << 16 | key heads. The value heads are left as they are.
 
 struct Params {
     rows: u32,
     cols: u32,
     eps: f32,
-    _pad: u32,
+    heads: u32, // qk_norm only
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -98,4 +102,27 @@ fn add_rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
         x[base + c] = x[base + c] + y[base + c];
     }
     rms_normalize_row(row, tid);
+}
+
+@compute @workgroup_size(256)
+fn qk_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) tid: u32) {
+    let seg = wg.y * nwg.x + wg.x;
+    if (seg >= p.rows) {
+        return;
+    }
+    let nq = p.heads >> 16u;
+    let nk = p.heads & 0xffffu;
+    let row = seg / (nq + nk);
+    let h = seg % (nq + nk);
+    let base = (row * (nq + 2u * nk) + h) * p.cols;
+    var q = 0.0;
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        q = q + x[base + c] * x[base + c];
+    }
+    let inv = 1.0 / sqrt(workgroup_sum(tid, q) / f32(p.cols) + p.eps);
+    // Each invocation rewrites only the columns it read.
+    for (var c = tid; c < p.cols; c = c + 256u) {
+        x[base + c] = x[base + c] * inv * select(shift[c], gain[c], h < nq);
+    }
 }

