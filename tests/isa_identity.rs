@@ -217,7 +217,7 @@ fn gpt2_is_bit_identical_on_every_level() {
 }
 
 #[test]
-fn llama_fixtures_are_bit_identical_on_every_level() {
+fn llama_and_gemma_fixtures_are_bit_identical_on_every_level() {
     let f = common::fixture;
     let mut cases: Vec<(PathBuf, Option<WeightDtype>)> = vec![
         (f("tiny-llama"), None),
@@ -232,6 +232,9 @@ fn llama_fixtures_are_bit_identical_on_every_level() {
     for ty in ["q4_k", "q5_k", "q6_k"] {
         cases.push((f(&format!("tiny-llama-k/tiny-llama-k.{ty}.gguf")), None));
     }
+    // Gemma 3: sliding window of 3 keys, q/k norms, GeGLU.
+    cases.push((f("tiny-gemma3"), None));
+    cases.push((f("tiny-gemma3"), Some(WeightDtype::BF16)));
     check(&cases, 8, 4);
 }
 

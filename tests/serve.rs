@@ -321,8 +321,8 @@ fn concurrently(s: &Server, bodies: &[Value]) -> Vec<(Value, Value)> {
 
 /// Batch invariance on `backend`: each request's text and log-probabilities are
 /// bit-identical run alone, beside the 15 others, with its prompt fed in chunks of 5
-/// tokens, and after a prefix-cache hit — for dense f32 weights (tiny GPT-2) and
-/// quantized ones (a Q4_1 Llama). For the models marked to bite, the same comparison
+/// tokens, and after a prefix-cache hit — for dense f32 weights (tiny GPT-2, a tiny Gemma 3
+/// with sliding-window attention) and quantized ones (a Q4_1 Llama). For the models marked to bite, the same comparison
 /// without the batch-invariant kernels must differ: the check bites.
 fn check_batch_invariance(backend: &str, models: &[(std::path::PathBuf, u32, bool)]) {
     for (model, vocab, bite) in models.iter().cloned() {
@@ -373,8 +373,12 @@ fn check_batch_invariance(backend: &str, models: &[(std::path::PathBuf, u32, boo
 
 #[test]
 fn outputs_are_bit_identical_whatever_the_batch() {
-    let models =
-        [(fixture("tiny-gpt2"), 50257, true), (fixture("tiny-llama").join("tiny-llama.q4_1.gguf"), 384, false)];
+    let models = [
+        (fixture("tiny-gpt2"), 50257, true),
+        (fixture("tiny-llama").join("tiny-llama.q4_1.gguf"), 384, false),
+        // Gemma 3: a sliding window of 3 keys on three blocks of four.
+        (fixture("tiny-gemma3"), 384, false),
+    ];
     check_batch_invariance("cpu", &models);
 }
 

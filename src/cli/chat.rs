@@ -22,6 +22,10 @@ pub struct ChatArgs {
     /// A .gguf file or model folder whose files carry a chat template.
     #[arg(long, short)]
     model: String,
+    /// A Jinja chat template file to use instead of the model's own (llama.cpp's and
+    /// vLLM's --chat-template); for models whose files carry none.
+    #[arg(long = "chat-template", value_name = "FILE")]
+    chat_template: Option<std::path::PathBuf>,
     /// A system message that opens the conversation (llama.cpp's -sys).
     #[arg(long = "system-prompt", value_name = "TEXT")]
     system_prompt: Option<String>,
@@ -56,7 +60,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 
 fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     let path = super::model_dir(&args.model, true, "chat")?;
-    let engine = Engine::load(backend, &path)?;
+    let mut engine = Engine::load(backend, &path)?;
+    if let Some(file) = &args.chat_template {
+        engine.use_chat_template_file(file)?;
+    }
     if let Some(e) = &engine.chat_template_error {
         anyhow::bail!("{}: the chat template cannot be used: {e}", args.model);
     }

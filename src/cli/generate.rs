@@ -135,6 +135,10 @@ pub struct GenerateArgs {
     /// `tokenizer.chat_template`) and generate the assistant's reply.
     #[arg(long)]
     chat: bool,
+    /// A Jinja chat template file to use instead of the model's own (llama.cpp's and
+    /// vLLM's --chat-template); with --chat, for models whose files carry none.
+    #[arg(long = "chat-template", value_name = "FILE", requires = "chat")]
+    chat_template: Option<std::path::PathBuf>,
     /// With --chat: a system message before the user's (llama.cpp's -sys).
     #[arg(long = "system-prompt", value_name = "TEXT", requires = "chat")]
     system_prompt: Option<String>,
@@ -339,7 +343,10 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     let dir = super::model_dir(&args.model, true, "generate")?;
     let mut cpu_options = args.backend.cpu_options()?;
     cpu_options.weight_dtype.get_or_insert(batch_forge::backend::WeightDtype::F32);
-    let cpu = Engine::load(CpuBackend::new(cpu_options)?, &dir)?;
+    let mut cpu = Engine::load(CpuBackend::new(cpu_options)?, &dir)?;
+    if let Some(file) = &args.chat_template {
+        cpu.use_chat_template_file(file)?; // the prompt's ids come from the cpu engine
+    }
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
     super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();
@@ -449,7 +456,10 @@ impl PhaseTimings {
 fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     let dir = super::model_dir(&args.model, true, "generate")?; // a download is not load time
     let load_start = Instant::now();
-    let engine = Engine::load(backend, &dir)?;
+    let mut engine = Engine::load(backend, &dir)?;
+    if let Some(file) = &args.chat_template {
+        engine.use_chat_template_file(file)?;
+    }
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
     let n_positions = engine.model.info().context_length;

@@ -15,6 +15,10 @@ pub struct ServeArgs {
     /// Model folder, GGUF file, or Hub id.
     #[arg(short = 'm', long)]
     model: String,
+    /// A Jinja chat template file to use instead of the model's own (llama.cpp's and
+    /// vLLM's --chat-template); for models whose files carry none.
+    #[arg(long = "chat-template", value_name = "FILE")]
+    chat_template: Option<std::path::PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -113,12 +117,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut backend = args.backend.clone();
     backend.batch_invariant = !args.no_batch_invariance;
     let threads = args.threads;
+    let chat_template = args.chat_template.clone();
     std::thread::Builder::new().name("scheduler".into()).spawn(move || {
         let result = super::in_pool(threads, || {
             with_backend!(backend, |b| {
                 tracing::info!("loading {} (/health answers 503 until it is ready)", dir.display());
                 let start = std::time::Instant::now();
-                let engine = Engine::load(b, &dir)?;
+                let mut engine = Engine::load(b, &dir)?;
+                if let Some(file) = &chat_template {
+                    engine.use_chat_template_file(file)?;
+                }
                 let info = engine.model.info().clone();
                 tracing::info!(
                     architecture = info.architecture,

@@ -257,6 +257,26 @@ impl<B: Backend> Engine<B> {
         })
     }
 
+    /// Use the Jinja chat template in the file at `path` instead of the one the model's
+    /// files carry (llama.cpp's and vLLM's `--chat-template FILE`); BOS and EOS are the
+    /// texts of the model's own tokens.
+    pub fn use_chat_template_file(&mut self, path: &Path) -> anyhow::Result<()> {
+        use anyhow::Context;
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+        let text = |id: Option<u32>| {
+            id.and_then(|id| self.tokenizer.token_bytes(id).ok())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        let info = self.model.info();
+        let (bos, eos) = (text(info.bos_token_id), text(info.eos_token_ids.first().copied()));
+        let template = ChatTemplate::new(&source, &bos, &eos).with_context(|| path.display().to_string())?;
+        self.chat_template = Some(template);
+        self.chat_template_error = None;
+        Ok(())
+    }
+
     /// The token ids of a prompt as the model expects them: the tokenizer's ids, after the
     /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
     /// is the BOS token alone (GPT-2's `<|endoftext|>`).

@@ -159,15 +159,18 @@ mod tests {
 
     #[test]
     fn merges_by_score_then_leftmost() {
-        // ids: a 0, b 1, ab 2, bc 3, c 4, abc 5
-        let t = spm(&[("a", 0.0), ("b", 0.0), ("ab", -2.0), ("bc", -1.0), ("c", 0.0), ("abc", -3.0)]);
+        // ids: a 0, b 1, ab 2, bc 3, c 4, abcd 5, d 6
+        let t = spm(&[("a", 0.0), ("b", 0.0), ("ab", -2.0), ("bc", -1.0), ("c", 0.0), ("abcd", -3.0), ("d", 0.0)]);
         let enc = |s: &str| {
             let mut v = Vec::new();
             t.encode(s, true, &mut v);
             v
         };
-        // "bc" outscores "ab": a + bc, and "abc" is never formed from a + bc.
+        // "bc" outscores "ab": a + bc (no piece "abc" to merge into).
         assert_eq!(enc("abc"), [0, 3]);
+        // A merged symbol merges on with its neighbours: "abcd" is reached only through
+        // pieces that exist, so it stays a + bc + d here.
+        assert_eq!(enc("abcd"), [0, 3, 6]);
         // Equal scores: the leftmost pair first.
         assert_eq!(enc("abab"), [2, 2]);
         // Characters outside the vocabulary fall back to bytes; a space is '▁' (E2 96 81).
