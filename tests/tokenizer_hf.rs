@@ -92,3 +92,43 @@ fn malformed_tokenizer_files_give_errors() {
     }
     assert!(Tokenizer::from_dir(dir.path().join("nope").as_path()).is_err());
 }
+
+/// Llama 3's and Qwen 2's pre-tokenizer patterns split 694 texts (fixture cases, edge cases,
+/// multilingual corpus lines) as HF tokenizers' `Split(Regex, "isolated")` does, and a
+/// byte-level BPE `tokenizer.json` with either model's pipeline (Split then ByteLevel
+/// without its pattern) loads as that pre-tokenizer and gives HF's ids
+/// (tests/fixtures/pretokenizers.jsonl, scripts/make_pretokenizer_fixture.py).
+#[test]
+fn llama3_and_qwen2_pre_tokenizers_equal_hf() {
+    use batch_forge::tokenizer::{LLAMA3_PATTERN, PreTokenizer, QWEN2_PATTERN, llama3_pieces};
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(common::fixture("pretokenizers.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 694);
+    let json = std::fs::read_to_string(common::fixture("tiny-llama/tokenizer.json")).unwrap();
+    for (name, digits, pattern, want_pre) in
+        [("llama3", 3, LLAMA3_PATTERN, PreTokenizer::Llama3), ("qwen2", 1, QWEN2_PATTERN, PreTokenizer::Qwen2)]
+    {
+        let mut root: serde_json::Value = serde_json::from_str(&json).unwrap();
+        root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+        assert_eq!(tok.pre_tokenizer(), want_pre);
+        let mut multi_digit = 0;
+        for row in &rows {
+            let text = row["text"].as_str().unwrap();
+            let want: Vec<&str> = row[name].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+            assert_eq!(llama3_pieces(text, digits).collect::<Vec<_>>(), want, "{name}: {text:?}");
+            assert_eq!(tok.encode(text), common::ids(&row[format!("{name}_ids")]), "{name}: {text:?}");
+            multi_digit += usize::from(want.iter().any(|p| p.chars().filter(char::is_ascii_digit).count() > 1));
+        }
+        assert_eq!(multi_digit > 0, digits > 1, "{name}: pieces of several digits");
+        // Another pattern is refused by name, not run as something else.
+        root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::json!("\\s+");
+        let err = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).err().unwrap();
+        assert!(err.to_string().contains("is not supported"), "{err}");
+    }
+}

@@ -398,23 +398,19 @@ impl HfModel {
     }
 }
 
-/// llama.cpp's name (`tokenizer.ggml.pre`) for an HF byte-level pre-tokenizer: GPT-2's
-/// `ByteLevel` is `gpt-2`; SmolLM's digits-split-then-`ByteLevel` is `smollm`. Others have
-/// no name this project can vouch for, and are refused rather than mislabelled.
+/// llama.cpp's name (`tokenizer.ggml.pre`) for an HF byte-level pre-tokenizer: the
+/// pipelines [`crate::tokenizer::pre_tokenizer_of_json`] recognizes (GPT-2's `ByteLevel`:
+/// `gpt-2`; SmolLM's digits-split-then-`ByteLevel`: `smollm`; Llama 3's and Qwen 2's
+/// `Split`: `llama-bpe`, `qwen2`). Others have no name this project can vouch for, and are
+/// refused rather than mislabelled.
 fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
-    let byte_level = |p: &Value| p["type"] == "ByteLevel" && p["add_prefix_space"].as_bool() != Some(true);
-    if byte_level(pre) {
-        return Ok("gpt-2");
+    match crate::tokenizer::pre_tokenizer_of_json(pre) {
+        Some(p) => Ok(p.gguf_name()),
+        None => bail!(
+            "not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm; \
+             Llama 3's and Qwen 2's Split + ByteLevel: llama-bpe, qwen2)"
+        ),
     }
-    if pre["type"] == "Sequence"
-        && let Some([digits, bl]) = pre["pretokenizers"].as_array().map(Vec::as_slice)
-        && digits["type"] == "Digits"
-        && digits["individual_digits"] == true
-        && byte_level(bl)
-    {
-        return Ok("smollm");
-    }
-    bail!("not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm)")
 }
 
 /// (HF name, GGUF name, byte reordering, HF shape the config implies).

@@ -16,7 +16,7 @@ mod pretokenize;
 mod spm;
 mod stream;
 
-pub use pretokenize::pre_tokenize;
+pub use pretokenize::{LLAMA3_PATTERN, QWEN2_PATTERN, llama3_pieces, pre_tokenize};
 pub use stream::StreamDecoder;
 
 use std::cmp::Reverse;
@@ -50,6 +50,39 @@ pub enum PreTokenizer {
     /// llama.cpp's `smollm`: each `\p{N}` character is a word of its own, then GPT-2's
     /// regex on the rest (HF: `Digits(individual_digits)` before `ByteLevel`).
     SmolLm,
+    /// Llama 3's pattern ([`LLAMA3_PATTERN`]: letters with one leading non-letter, numbers
+    /// in threes, newlines kept with what precedes them); llama.cpp's `llama-bpe`, `llama3`.
+    Llama3,
+    /// Qwen 2's: Llama 3's with every digit alone ([`QWEN2_PATTERN`]); llama.cpp's `qwen2`.
+    Qwen2,
+}
+
+impl PreTokenizer {
+    /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs.
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 8] = [
+        ("gpt-2", PreTokenizer::Gpt2),
+        ("smollm", PreTokenizer::SmolLm),
+        ("llama-bpe", PreTokenizer::Llama3),
+        ("llama3", PreTokenizer::Llama3),
+        ("llama-v3", PreTokenizer::Llama3),
+        ("falcon3", PreTokenizer::Llama3),
+        ("qwen2", PreTokenizer::Qwen2),
+        ("deepseek-r1-qwen", PreTokenizer::Qwen2),
+    ];
+
+    /// The name llama.cpp's converter writes for this pre-tokenizer.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            PreTokenizer::Gpt2 => "gpt-2",
+            PreTokenizer::SmolLm => "smollm",
+            PreTokenizer::Llama3 => "llama-bpe",
+            PreTokenizer::Qwen2 => "qwen2",
+        }
+    }
+
+    fn gguf_names() -> String {
+        Self::GGUF_NAMES.iter().map(|(n, _)| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// A token matched in the text before the model runs (HF's added tokens, GGUF's control
@@ -94,6 +127,41 @@ pub struct Tokenizer {
     cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
 }
 
+/// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
+/// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
+/// Llama 3's and Qwen 2's `Split` (their pattern, isolated) + `ByteLevel` without a pattern.
+pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
+    let byte_level = |v: &Value, use_regex: bool| {
+        v["type"] == "ByteLevel"
+            && v["add_prefix_space"].as_bool() != Some(true)
+            && v["use_regex"].as_bool().unwrap_or(true) == use_regex
+    };
+    if byte_level(pre, true) {
+        return Some(PreTokenizer::Gpt2);
+    }
+    if pre["type"] != "Sequence" {
+        return None;
+    }
+    match pre["pretokenizers"].as_array()?.as_slice() {
+        [digits, bl] if digits["type"] == "Digits" && digits["individual_digits"] == true && byte_level(bl, true) => {
+            Some(PreTokenizer::SmolLm)
+        }
+        [split, bl]
+            if split["type"] == "Split"
+                && split["behavior"] == "Isolated"
+                && split["invert"] != true
+                && byte_level(bl, false) =>
+        {
+            match split["pattern"]["Regex"].as_str()? {
+                LLAMA3_PATTERN => Some(PreTokenizer::Llama3),
+                QWEN2_PATTERN => Some(PreTokenizer::Qwen2),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
 fn format_err(path: &Path, msg: impl Into<String>) -> TokenizerError {
     TokenizerError::Format { path: path.to_owned(), msg: msg.into() }
 }
@@ -128,13 +196,17 @@ impl Tokenizer {
         if model["type"].as_str() != Some("BPE") {
             return Err(format_err(path, format!("model type {} is not supported (only BPE)", model["type"])));
         }
-        let pre = &root["pre_tokenizer"];
-        if pre["type"].as_str() != Some("ByteLevel") || pre["add_prefix_space"].as_bool() == Some(true) {
-            return Err(format_err(
+        let pre_tokenizer = pre_tokenizer_of_json(&root["pre_tokenizer"]).ok_or_else(|| {
+            format_err(
                 path,
-                format!("pre_tokenizer {pre} is not supported (only GPT-2 ByteLevel without prefix space)"),
-            ));
-        }
+                format!(
+                    "pre_tokenizer {} is not supported (supported: ByteLevel with GPT-2's pattern; \
+                     Digits(individual_digits) then ByteLevel (SmolLM2); Split with Llama 3's or Qwen 2's \
+                     pattern then ByteLevel without its pattern)",
+                    root["pre_tokenizer"]
+                ),
+            )
+        })?;
         let vocab = model["vocab"].as_object().ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
         let vocab: Vec<(String, u32)> = vocab
             .iter()
@@ -164,7 +236,9 @@ impl Tokenizer {
                 specials.push(Special { text: content.to_owned(), id, always });
             }
         }
-        Self::build(path, vocab, merges, specials, |_| false)
+        let mut tok = Self::build(path, vocab, merges, specials, |_| false)?;
+        tok.pre = pre_tokenizer;
+        Ok(tok)
     }
 
     /// Load OpenAI's original files: `vocab.json` (encoder.json) and `merges.txt` (vocab.bpe).
@@ -298,17 +372,21 @@ impl Tokenizer {
         }
         let pre = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
             None => {
-                return Err(err("no tokenizer.ggml.pre: llama.cpp then uses its \"default\" pattern, which is not \
-                                supported (supported: \"gpt-2\", \"smollm\")"
-                    .into()));
-            }
-            Some(Some("gpt-2")) => PreTokenizer::Gpt2,
-            Some(Some("smollm")) => PreTokenizer::SmolLm,
-            Some(Some(other)) => {
                 return Err(err(format!(
-                    "tokenizer.ggml.pre = {other:?} is not supported (supported: \"gpt-2\", \"smollm\")"
+                    "no tokenizer.ggml.pre: llama.cpp then uses its \"default\" pattern, which is not \
+                     supported (supported: {})",
+                    PreTokenizer::gguf_names()
                 )));
             }
+            Some(Some(name)) => match PreTokenizer::GGUF_NAMES.iter().find(|(n, _)| *n == name) {
+                Some(&(_, p)) => p,
+                None => {
+                    return Err(err(format!(
+                        "tokenizer.ggml.pre = {name:?} is not supported (supported: {})",
+                        PreTokenizer::gguf_names()
+                    )));
+                }
+            },
             Some(None) => return Err(err("tokenizer.ggml.pre is not a string".into())),
         };
         let array = |k: &str| meta(k)?.as_array().ok_or_else(|| err(format!("{k} is not an array")));
@@ -551,6 +629,12 @@ impl Tokenizer {
         match self.pre {
             PreTokenizer::Gpt2 => {
                 for piece in pre_tokenize(text) {
+                    self.encode_word(piece, out);
+                }
+            }
+            PreTokenizer::Llama3 | PreTokenizer::Qwen2 => {
+                let digits = if self.pre == PreTokenizer::Llama3 { 3 } else { 1 };
+                for piece in llama3_pieces(text, digits) {
                     self.encode_word(piece, out);
                 }
             }

@@ -124,6 +124,101 @@ impl<'a> Iterator for PreTokens<'a> {
     }
 }
 
+/// The pattern of Llama 3's `tokenizer.json` (llama.cpp's `llama-bpe`, `llama3`):
+/// the [`llama3_pieces`] scanner with up to three digits a piece.
+pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen 2's (llama.cpp's `qwen2`): the same with one digit a piece.
+pub const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Iterator over the pieces of [`LLAMA3_PATTERN`] (`max_digits` 3) or [`QWEN2_PATTERN`]
+/// (`max_digits` 1), which tile the text.
+pub struct Llama3Pieces<'a> {
+    text: &'a str,
+    pos: usize,
+    max_digits: usize,
+}
+
+pub fn llama3_pieces(text: &str, max_digits: usize) -> Llama3Pieces<'_> {
+    Llama3Pieces { text, pos: 0, max_digits }
+}
+
+/// A contraction at the start of `s`, ASCII letters in either case (llama.cpp's `'[sS]|…`).
+fn contraction_len_any_case(s: &[u8]) -> Option<usize> {
+    if s.first() != Some(&b'\'') {
+        return None;
+    }
+    let lower = |i: usize| s.get(i).map(u8::to_ascii_lowercase);
+    match (lower(1), lower(2)) {
+        (Some(b'r'), Some(b'e')) | (Some(b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => Some(3),
+        (Some(b's' | b't' | b'm' | b'd'), _) => Some(2),
+        _ => None,
+    }
+}
+
+impl Llama3Pieces<'_> {
+    /// Bytes of the piece at the start of `rest` (not empty): the pattern's alternatives
+    /// in order, as a backtracking regex takes the first that matches.
+    fn piece_len(&self, rest: &str) -> usize {
+        if let Some(n) = contraction_len_any_case(rest.as_bytes()) {
+            return n;
+        }
+        let mut it = rest.char_indices();
+        let (_, c0) = it.next().expect("not empty");
+        let class0 = class_of(c0);
+        let run = |from: usize, class: Class| {
+            rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
+        };
+        // `[^\r\n\p{L}\p{N}]?\p{L}+`
+        if class0 == Class::Letter {
+            return run(0, Class::Letter);
+        }
+        let next = rest[c0.len_utf8()..].chars().next();
+        if class0 != Class::Number && c0 != '\r' && c0 != '\n' && next.is_some_and(|c| class_of(c) == Class::Letter) {
+            return run(c0.len_utf8(), Class::Letter);
+        }
+        // `\p{N}{1,max}`
+        if class0 == Class::Number {
+            return rest
+                .char_indices()
+                .take(self.max_digits)
+                .take_while(|&(_, c)| class_of(c) == Class::Number)
+                .last()
+                .map_or(0, |(i, c)| i + c.len_utf8());
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+        let body = if c0 == ' ' { 1 } else { 0 };
+        if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
+            let end = run(body, Class::Other);
+            return end + rest[end..].bytes().take_while(|&b| b == b'\r' || b == b'\n').count();
+        }
+        // What is left starts with whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`.
+        let end = run(0, Class::Space);
+        if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
+            return nl + 1;
+        }
+        if end == rest.len() {
+            return end;
+        }
+        let last = rest[..end].chars().next_back().map_or(0, char::len_utf8);
+        if end > last { end - last } else { end }
+    }
+}
+
+impl<'a> Iterator for Llama3Pieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        if self.pos >= self.text.len() {
+            return None;
+        }
+        let rest = &self.text[self.pos..];
+        let piece = &rest[..self.piece_len(rest)];
+        self.pos += piece.len();
+        Some(piece)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +239,17 @@ mod tests {
         assert_eq!(split("\n\nHi"), ["\n", "\n", "Hi"]);
         assert_eq!(split(" "), [" "]);
         assert_eq!(split("東京 🚀"), ["東京", " 🚀"]);
+    }
+
+    #[test]
+    fn splits_like_llama3_regex() {
+        let split = |s: &'static str, d: usize| llama3_pieces(s, d).collect::<Vec<_>>();
+        assert_eq!(split("Hello world", 3), ["Hello", " world"]);
+        assert_eq!(split("x12345y", 3), ["x", "123", "45", "y"]);
+        assert_eq!(split("x12345y", 1), ["x", "1", "2", "3", "4", "5", "y"]);
+        assert_eq!(split("I'M (ok)\n\n  next", 3), ["I", "'M", " (", "ok", ")\n\n", " ", " next"]);
+        assert_eq!(split("a \n\t b", 3), ["a", " \n", "\t", " b"]);
+        assert_eq!(split(" 42", 3), [" ", "42"]);
+        assert_eq!(split("end  ", 3), ["end", "  "]);
     }
 }
