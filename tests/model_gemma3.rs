@@ -85,7 +85,10 @@ fn tokenizer_equals_llama_cpp_and_hf() {
     assert!(scripts.len() > 40, "only {} Unicode blocks of 256 in the cases", scripts.len());
     // User-defined tokens (newline runs, HTML tags) are matched even in ordinary encoding;
     // control tokens only when special tokens are parsed.
-    assert_eq!(tok.encode_ordinary("\n\n<h1>"), tok.encode("\n\n<h1>"));
+    let h1 = tok.special_id("<h1>").unwrap();
+    assert_eq!(tok.encode_ordinary("\n\n<h1>"), [108, h1]);
+    assert_eq!(tok.encode("\n\n<h1>"), [108, h1]);
+    assert_eq!(tok.encode("<unk>"), [3]);
     assert_eq!(tok.encode("<start_of_turn>"), [105]);
     assert_ne!(tok.encode_ordinary("<start_of_turn>"), [105]);
 }
@@ -165,7 +168,7 @@ fn quantized_path_follows_hf() {
     let Some(path) = gemma3() else { return };
     let hf = hf();
     let e = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &path).unwrap();
-    let (mut agree, mut total) = (0, 0);
+    let (mut agree, mut total, mut checked) = (0, 0, 0);
     for p in hf["prompts"].as_array().unwrap() {
         let prompt = ids(&p["ids"]);
         let logits = e.logits_all(&prompt).unwrap();
@@ -182,7 +185,10 @@ fn quantized_path_follows_hf() {
         let sure = margins.iter().take_while(|m| m.as_f64().unwrap() >= 0.5).count();
         let got = greedy(&e, &prompt, want.len());
         assert_eq!(got[..sure], want[..sure], "{:?}: HF's margins {margins:?}", p["text"]);
+        checked += sure;
     }
+    // Measured: 16 steps over the 6 short prompts.
+    assert!(checked >= 12, "only {checked} greedy steps had a margin of 0.5");
     eprintln!("quantized: HF's argmax at {agree} of {total} positions");
     assert!(agree * 100 >= total * 95, "HF's argmax at only {agree} of {total} positions");
 }

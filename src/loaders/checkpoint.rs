@@ -122,7 +122,8 @@ pub fn load_matrix<B: Backend>(backend: &B, t: &Tensor) -> anyhow::Result<B::Mat
 /// Matrices stacked along their rows (`[out, in]` layers that share an input, such as
 /// q | k | v): one matrix, so the backend runs one matmul instead of three. Rows are
 /// independent in every format, so bytes are joined as they are when all parts share a
-/// type (quantized blocks stay quantized); mixed types are decoded to f32 first.
+/// type (quantized blocks stay quantized); a mix of Q8_0, Q5_0 and Q4_0 becomes Q8_0 blocks
+/// of exactly the same values; other mixed types are decoded to f32 first.
 pub fn concat_rows(name: &str, parts: &[Tensor]) -> anyhow::Result<Tensor<'static>> {
     let Some(first) = parts.first() else { bail!("{name}: nothing to join") };
     let cols = match first.shape[..] {

@@ -160,6 +160,9 @@ impl Gemma3Config {
             }
         }
         let n = raw.num_hidden_layers;
+        if n > MAX_DIM {
+            return Err(format!("{n} layers is implausibly many"));
+        }
         let local = match &raw.layer_types {
             Some(types) => {
                 if types.len() != n {
@@ -241,6 +244,9 @@ impl Gemma3Config {
             return Err("gemma3.rope.scaling.factor is not supported (Gemma 3 4B and larger scale RoPE)".into());
         }
         let n_layer = num("block_count")?;
+        if n_layer > MAX_DIM {
+            return Err(format!("gemma3.block_count = {n_layer} is implausibly many"));
+        }
         let (n_head, hidden_size) = (num("attention.head_count")?, num("embedding_length")?);
         let head_dim = num("attention.key_length")?;
         if f.get("gemma3.attention.value_length").is_some() && num("attention.value_length")? != head_dim {
@@ -293,6 +299,9 @@ impl Gemma3Config {
         }
         if dims[..7].iter().any(|&d| d > MAX_DIM) || self.context_length > MAX_CONTEXT {
             return Err("a dimension of the model is implausibly large".into());
+        }
+        if self.local.len() != self.n_layer {
+            return Err(format!("{} layer types for {} layers", self.local.len(), self.n_layer));
         }
         if !self.n_head.is_multiple_of(self.n_kv_head) || !self.head_dim.is_multiple_of(2) {
             return Err(format!(

@@ -127,6 +127,22 @@ pub struct Tokenizer {
     cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
 }
 
+/// The BOS id an HF `tokenizer.json` post-processor puts before a single text: a
+/// `TemplateProcessing` (alone or in a `Sequence`, as Llama 3's) whose `single` template
+/// starts with a special token, e.g. `<|begin_of_text|>`.
+fn bos_of_post_processor(post: &Value) -> Option<u32> {
+    match post["type"].as_str()? {
+        "Sequence" => post["processors"].as_array()?.iter().find_map(bos_of_post_processor),
+        "TemplateProcessing" => {
+            let first = &post["single"].as_array()?.first()?["SpecialToken"];
+            let name = first["id"].as_str()?;
+            let id = post["special_tokens"][name]["ids"].as_array()?.first()?.as_u64()?;
+            u32::try_from(id).ok()
+        }
+        _ => None,
+    }
+}
+
 /// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
 /// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
 /// Llama 3's and Qwen 2's `Split` (their pattern, isolated) + `ByteLevel` without a pattern.
@@ -207,6 +223,12 @@ impl Tokenizer {
                 ),
             )
         })?;
+        if !root["normalizer"].is_null() {
+            return Err(format_err(
+                path,
+                format!("normalizer {} is not supported (byte-level tokenizers without one only)", root["normalizer"]),
+            ));
+        }
         let vocab = model["vocab"].as_object().ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
         let vocab: Vec<(String, u32)> = vocab
             .iter()
@@ -238,6 +260,7 @@ impl Tokenizer {
         }
         let mut tok = Self::build(path, vocab, merges, specials, |_| false)?;
         tok.pre = pre_tokenizer;
+        tok.add_bos = bos_of_post_processor(&root["post_processor"]);
         Ok(tok)
     }
 
@@ -429,12 +452,19 @@ impl Tokenizer {
         let may_lack = |b: u8| b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1;
         let mut tok = Self::build(path, vocab, merges, specials, may_lack)?;
         tok.pre = pre;
-        tok.set_bos_eos_from_gguf(g, tokens.len())?;
+        // llama.cpp's default for Llama 3's vocabulary is to add BOS; for the others not.
+        tok.set_bos_eos_from_gguf(g, tokens.len(), pre == PreTokenizer::Llama3)?;
         Ok(tok)
     }
 
-    /// GGUF `add_bos_token` / `add_eos_token` with their ids, checked against the vocabulary.
-    fn set_bos_eos_from_gguf(&mut self, g: &crate::loaders::gguf::GgufFile, n_tokens: usize) -> Result<()> {
+    /// GGUF `add_bos_token` / `add_eos_token` with their ids, checked against the
+    /// vocabulary; `default_bos`: whether BOS is added when the file does not say.
+    fn set_bos_eos_from_gguf(
+        &mut self,
+        g: &crate::loaders::gguf::GgufFile,
+        n_tokens: usize,
+        default_bos: bool,
+    ) -> Result<()> {
         let err = |msg: String| format_err(g.path(), msg);
         let id_of = |k: &str| -> Result<Option<u32>> {
             match g.get(k) {
@@ -446,12 +476,12 @@ impl Tokenizer {
             }
         };
         let bos = id_of("tokenizer.ggml.bos_token_id")?;
-        let flag = |k: &str| match g.get(k) {
+        let flag = |k: &str, default: bool| match g.get(k) {
             Some(v) => v.as_bool().ok_or_else(|| err(format!("{k} is not a bool"))),
-            None => Ok(false),
+            None => Ok(default),
         };
-        let add_bos = flag("tokenizer.ggml.add_bos_token")?;
-        let add_eos = flag("tokenizer.ggml.add_eos_token")?;
+        let add_bos = flag("tokenizer.ggml.add_bos_token", default_bos)?;
+        let add_eos = flag("tokenizer.ggml.add_eos_token", false)?;
         let eos = id_of("tokenizer.ggml.eos_token_id")?;
         for k in ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id"] {
             id_of(k)?;
@@ -503,7 +533,9 @@ impl Tokenizer {
                     byte_tokens[b as usize].get_or_insert(id);
                     vec![b]
                 }
-                3 | 4 if !text.is_empty() => {
+                // Unknown (2) and control (3) tokens are matched when special tokens are parsed,
+                // user-defined (4) ones always, as llama.cpp does.
+                2..=4 if !text.is_empty() => {
                     specials.push(Special { text: text.to_owned(), id, always: ty == 4 });
                     text.as_bytes().to_vec()
                 }
@@ -539,7 +571,8 @@ impl Tokenizer {
             specials,
             cache: Mutex::new(HashMap::new()),
         };
-        tok.set_bos_eos_from_gguf(g, n)?;
+        // llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise.
+        tok.set_bos_eos_from_gguf(g, n, true)?;
         Ok(tok)
     }
 

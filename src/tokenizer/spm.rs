@@ -77,8 +77,8 @@ impl Spm {
     ) -> Self {
         let mut map = HashMap::new();
         for (text, id, score) in pieces {
-            // The first of two equal pieces wins, as llama.cpp's text → id map keeps it.
-            map.entry(text.into_bytes()).or_insert((id, score));
+            // The last of two equal pieces wins, as llama.cpp's text → id map keeps it.
+            map.insert(text.into_bytes(), (id, score));
         }
         Spm { pieces: map, byte_tokens, unknown, add_space_prefix }
     }
