@@ -217,7 +217,7 @@ fn gpt2_is_bit_identical_on_every_level() {
 }
 
 #[test]
-fn llama_and_gemma_fixtures_are_bit_identical_on_every_level() {
+fn llama_family_and_gemma_fixtures_are_bit_identical_on_every_level() {
     let f = common::fixture;
     let mut cases: Vec<(PathBuf, Option<WeightDtype>)> = vec![
         (f("tiny-llama"), None),
@@ -235,6 +235,9 @@ fn llama_and_gemma_fixtures_are_bit_identical_on_every_level() {
     // Gemma 3: sliding window of 3 keys, q/k norms, GeGLU.
     cases.push((f("tiny-gemma3"), None));
     cases.push((f("tiny-gemma3"), Some(WeightDtype::BF16)));
+    // Qwen 2 (q/k/v biases) and Qwen 3 (q/k head norms).
+    cases.push((f("tiny-qwen2/tiny-qwen2.f32.gguf"), None));
+    cases.push((f("tiny-qwen3"), None));
     check(&cases, 8, 4);
 }
 

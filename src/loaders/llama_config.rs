@@ -1,5 +1,6 @@
-//! Llama-family hyperparameters, from an HF `config.json` (`LlamaForCausalLM`) or from a
-//! GGUF file's `llama.*` metadata: both end in one validated [`LlamaConfig`].
+//! Llama-family hyperparameters, from an HF `config.json` (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`) or from a GGUF file's `llama.*`, `qwen2.*`,
+//! `qwen3.*` metadata: all end in one validated [`LlamaConfig`].
 
 use serde::Deserialize;
 
@@ -10,8 +11,34 @@ const MAX_DIM: usize = 1 << 20;
 const MAX_PARAMS: usize = 1 << 40;
 const MAX_CONTEXT: usize = 1 << 24;
 
+/// The members of the Llama family, by what each adds to Llama's block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlamaVariant {
+    Llama,
+    /// Qwen 2 (and 2.5): biases on the q, k and v projections.
+    Qwen2,
+    /// Qwen 3: RMSNorm on each query and key head before RoPE (`q_norm`, `k_norm`).
+    Qwen3,
+}
+
+impl LlamaVariant {
+    /// HF's `model_type` and GGUF's `general.architecture`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LlamaVariant::Llama => "llama",
+            LlamaVariant::Qwen2 => "qwen2",
+            LlamaVariant::Qwen3 => "qwen3",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [LlamaVariant::Llama, LlamaVariant::Qwen2, LlamaVariant::Qwen3].into_iter().find(|v| v.name() == name)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    pub variant: LlamaVariant,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -64,10 +91,10 @@ struct RawLlama {
     #[serde(default)]
     tie_word_embeddings: bool,
     hidden_act: Option<String>,
-    #[serde(default)]
-    attention_bias: bool,
+    attention_bias: Option<bool>,
     #[serde(default)]
     mlp_bias: bool,
+    use_sliding_window: Option<bool>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
 }
@@ -77,20 +104,24 @@ fn default_rms_eps() -> f32 {
 }
 
 impl LlamaConfig {
-    /// An HF `config.json` of `model_type` `llama`.
+    /// An HF `config.json` of `model_type` `llama`, `qwen2` or `qwen3`.
     pub fn from_hf_json(text: &str) -> Result<Self, String> {
         let raw: RawLlama = serde_json::from_str(text).map_err(|e| format!("invalid Llama config: {e}"))?;
-        if let Some(t) = &raw.model_type
-            && t != "llama"
-        {
-            return Err(format!("model_type {t:?} is not a Llama config"));
+        let variant = match raw.model_type.as_deref() {
+            None => LlamaVariant::Llama,
+            Some(t) => LlamaVariant::from_name(t)
+                .ok_or_else(|| format!("model_type {t:?} is not a Llama-family config (llama, qwen2, qwen3)"))?,
+        };
+        if raw.use_sliding_window == Some(true) {
+            return Err("use_sliding_window is not supported for this architecture".into());
         }
         if let Some(act) = raw.hidden_act.as_deref()
             && act != "silu"
         {
             return Err(format!("hidden_act {act:?} is not supported (Llama's MLP is SwiGLU: silu)"));
         }
-        if raw.attention_bias || raw.mlp_bias {
+        // Qwen 2 has q/k/v biases whatever its config says; the others none.
+        if (raw.attention_bias == Some(true) && variant != LlamaVariant::Qwen2) || raw.mlp_bias {
             return Err("attention_bias / mlp_bias are not supported (Llama has no biases)".into());
         }
         let rope_type = raw.rope_parameters.as_ref().and_then(|p| p.rope_type.as_deref());
@@ -108,6 +139,7 @@ impl LlamaConfig {
             None => 0,
         };
         let c = LlamaConfig {
+            variant,
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -130,21 +162,21 @@ impl LlamaConfig {
         Ok(c)
     }
 
-    /// A GGUF file of `general.architecture` `llama`. `tie_word_embeddings` follows the
+    /// A GGUF file of `general.architecture` `llama`, `qwen2` or `qwen3`. `tie_word_embeddings` follows the
     /// absence of `output.weight`; BOS/EOS come from `tokenizer.ggml.*`.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, String> {
         let arch = f.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
-        if arch != "llama" {
-            return Err(format!("general.architecture {arch:?} is not llama"));
-        }
+        let variant = LlamaVariant::from_name(arch)
+            .ok_or_else(|| format!("general.architecture {arch:?} is not llama, qwen2 or qwen3"))?;
+        let key = |k: &str| format!("{arch}.{k}");
         let num = |key: &str| -> Result<usize, String> {
-            let full = format!("llama.{key}");
+            let full = format!("{arch}.{key}");
             let v = f.get(&full).ok_or_else(|| format!("metadata {full} is missing"))?;
             let n = v.as_u64().ok_or_else(|| format!("metadata {full} is a {}, not an integer", v.type_name()))?;
             usize::try_from(n).map_err(|_| format!("metadata {full} = {n} is too large"))
         };
         let float = |key: &str, default: Option<f64>| -> Result<f32, String> {
-            let full = format!("llama.{key}");
+            let full = format!("{arch}.{key}");
             match f.get(&full) {
                 Some(v) => v.as_f64().map(|x| x as f32).ok_or_else(|| format!("metadata {full} is not a number")),
                 None => default.map(|d| d as f32).ok_or_else(|| format!("metadata {full} is missing")),
@@ -162,36 +194,39 @@ impl LlamaConfig {
         };
         let n_head = num("attention.head_count")?;
         let hidden_size = num("embedding_length")?;
-        let head_dim = match f.get("llama.attention.key_length") {
+        let head_dim = match f.get(&key("attention.key_length")) {
             Some(_) => num("attention.key_length")?,
             None if n_head > 0 => hidden_size / n_head,
             None => 0,
         };
-        if f.get("llama.attention.value_length").is_some() && num("attention.value_length")? != head_dim {
-            return Err("llama.attention.value_length differs from key_length: not supported".into());
+        if f.get(&key("attention.value_length")).is_some() && num("attention.value_length")? != head_dim {
+            return Err(format!("{arch}.attention.value_length differs from key_length: not supported"));
         }
-        if f.get("llama.rope.dimension_count").is_some() && num("rope.dimension_count")? != head_dim {
-            return Err("llama.rope.dimension_count differs from the head size (partial RoPE): not supported".into());
+        if f.get(&key("rope.dimension_count")).is_some() && num("rope.dimension_count")? != head_dim {
+            return Err(format!(
+                "{arch}.rope.dimension_count differs from the head size (partial RoPE): not supported"
+            ));
         }
-        if let Some(t) = f.get("llama.rope.scaling.type").and_then(|v| v.as_str())
+        if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str())
             && t != "none"
         {
-            return Err(format!("llama.rope.scaling.type {t:?} is not supported (only the default RoPE)"));
+            return Err(format!("{arch}.rope.scaling.type {t:?} is not supported (only the default RoPE)"));
         }
-        if f.get("llama.expert_count").and_then(|v| v.as_u64()).is_some_and(|n| n > 0) {
+        if f.get(&key("expert_count")).and_then(|v| v.as_u64()).is_some_and(|n| n > 0) {
             return Err("mixture-of-experts Llama models are not supported".into());
         }
-        let vocab_size = match f.get("llama.vocab_size") {
+        let vocab_size = match f.get(&key("vocab_size")) {
             Some(_) => num("vocab_size")?,
             None => f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, |a| a.len()),
         };
         let c = LlamaConfig {
+            variant,
             vocab_size,
             hidden_size,
             intermediate_size: num("feed_forward_length")?,
             n_layer: num("block_count")?,
             n_head,
-            n_kv_head: match f.get("llama.attention.head_count_kv") {
+            n_kv_head: match f.get(&key("attention.head_count_kv")) {
                 Some(_) => num("attention.head_count_kv")?,
                 None => n_head,
             },
@@ -260,7 +295,12 @@ impl LlamaConfig {
         let kv = self.n_kv_head.checked_mul(self.head_dim)?;
         let attn = c.checked_mul(q.checked_mul(2)?.checked_add(kv.checked_mul(2)?)?)?;
         let mlp = c.checked_mul(f)?.checked_mul(3)?;
-        let block = attn.checked_add(mlp)?.checked_add(c.checked_mul(2)?)?;
+        let extra = match self.variant {
+            LlamaVariant::Llama => 0,
+            LlamaVariant::Qwen2 => q.checked_add(kv.checked_mul(2)?)?,
+            LlamaVariant::Qwen3 => self.head_dim.checked_mul(2)?,
+        };
+        let block = attn.checked_add(mlp)?.checked_add(c.checked_mul(2)?)?.checked_add(extra)?;
         let embed = v.checked_mul(c)?;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         self.n_layer.checked_mul(block)?.checked_add(embed)?.checked_add(head)?.checked_add(c)

@@ -1,10 +1,11 @@
-//! Llama (Touvron et al., 2023) and its family (SmolLM2, …), written once over the
-//! [`Backend`] interface.
+//! Llama (Touvron et al., 2023) and its family (SmolLM2, Qwen 2, Qwen 3, …), written once
+//! over the [`Backend`] interface.
 //!
 //! ```text
 //! x = embed_tokens[tokens]                                   // (T, C)
 //! for each block:
-//!     qkv = rms_norm(x) @ [Wq | Wk | Wv]                     // (T, (H + 2·Hkv)·D)
+//!     qkv = rms_norm(x) @ [Wq | Wk | Wv] (+ [bq | bk | bv])  // (T, (H + 2·Hkv)·D); biases: Qwen 2
+//!     q, k = rms_norm(each q head), rms_norm(each k head)    // Qwen 3 only
 //!     x = x + attention(rope(q), rope(k), v) @ Wo            // Hkv key/value heads, each shared by H/Hkv query heads
 //!     x = x + (silu(rms_norm(x) @ Wgate) · (rms_norm(x) @ Wup)) @ Wdown   // SwiGLU MLP, F wide
 //! logits = rms_norm(x) @ Whead                               // (T, V); Whead = embed_tokens when tied
@@ -14,19 +15,24 @@
 //! ([`MatrixLayout::OutIn`]). q, k and v are loaded as one stacked matrix, as are gate and
 //! up, so a block runs four matmuls. The same model reads HF folders (`model.layers.N.…`,
 //! RoPE rotating halves of each head) and GGUF files (`blk.N.…`; llama.cpp's converter
-//! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`].
+//! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`]. Qwen's
+//! GGUF files keep HF's row order: their RoPE rotates halves in both layouts.
 
 use anyhow::{Context, bail, ensure};
 
 use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
+use crate::loaders::llama_config::LlamaVariant;
+use crate::loaders::safetensors::{Dtype, TensorView};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 
 struct Block<B: Backend> {
     attn_norm: B::Vector,
-    wqkv: B::Matrix, // C → (H + 2·Hkv)·D
-    wo: B::Matrix,   // H·D → C
+    wqkv: B::Matrix,                         // C → (H + 2·Hkv)·D
+    bqkv: Option<B::Vector>,                 // Qwen 2: (H + 2·Hkv)·D
+    qk_norm: Option<(B::Vector, B::Vector)>, // Qwen 3: D each
+    wo: B::Matrix,                           // H·D → C
     mlp_norm: B::Vector,
     w_gate_up: B::Matrix, // C → 2F
     w_down: B::Matrix,    // F → C
@@ -59,8 +65,12 @@ impl Names {
     }
     /// `part` is the HF name; the GGUF name follows llama.cpp's tensor map.
     fn block(&self, i: usize, part: &str) -> String {
+        self.block_tensor(i, part, "weight")
+    }
+    /// A block's `weight` or `bias`.
+    fn block_tensor(&self, i: usize, part: &str, kind: &str) -> String {
         if !self.gguf {
-            return format!("model.layers.{i}.{part}.weight");
+            return format!("model.layers.{i}.{part}.{kind}");
         }
         let g = match part {
             "input_layernorm" => "attn_norm",
@@ -72,9 +82,11 @@ impl Names {
             "mlp.gate_proj" => "ffn_gate",
             "mlp.up_proj" => "ffn_up",
             "mlp.down_proj" => "ffn_down",
+            "self_attn.q_norm" => "attn_q_norm",
+            "self_attn.k_norm" => "attn_k_norm",
             other => other,
         };
-        format!("blk.{i}.{g}.weight")
+        format!("blk.{i}.{g}.{kind}")
     }
 }
 
@@ -90,7 +102,12 @@ impl<B: Backend> Llama<B> {
             scale: 1.0 / (config.head_dim as f32).sqrt(),
             rope: Some(Rope {
                 theta: config.rope_theta,
-                style: if gguf { RopeStyle::Adjacent } else { RopeStyle::Halves },
+                // llama.cpp's converter permutes Llama's q/k rows only.
+                style: if gguf && config.variant == LlamaVariant::Llama {
+                    RopeStyle::Adjacent
+                } else {
+                    RopeStyle::Halves
+                },
             }),
             window: None,
         };
@@ -118,9 +135,39 @@ impl<B: Backend> Llama<B> {
                     &format!("layer {i} gate|up"),
                     &[get(&n("mlp.gate_proj"), &[f, c])?, get(&n("mlp.up_proj"), &[f, c])?],
                 )?;
+                let bqkv = match config.variant {
+                    LlamaVariant::Qwen2 => {
+                        let bias = |part: &str, len: usize| -> anyhow::Result<Vec<f32>> {
+                            let t = get(&names.block_tensor(i, part, "bias"), &[len])?;
+                            let t = t.to_float()?;
+                            t.view()?.to_f32().map_err(anyhow::Error::msg)
+                        };
+                        let mut b = bias("self_attn.q_proj", qw)?;
+                        b.extend(bias("self_attn.k_proj", kw)?);
+                        b.extend(bias("self_attn.v_proj", kw)?);
+                        let bytes: Vec<u8> = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        let name = format!("layer {i} q|k|v bias");
+                        let view = TensorView { name: &name, dtype: Dtype::F32, shape: &[b.len()], bytes: &bytes };
+                        Some(backend.load_vector(&view)?)
+                    }
+                    _ => None,
+                };
+                let qk_norm = match config.variant {
+                    LlamaVariant::Qwen3 => {
+                        let norm = |part: &str| {
+                            let t = get(&n(part), &[spec.head_dim])?;
+                            let t = t.to_float()?;
+                            backend.load_vector(&t.view()?)
+                        };
+                        Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
+                    }
+                    _ => None,
+                };
                 Ok(Block {
                     attn_norm: vector(&n("input_layernorm"))?,
                     wqkv: matrix(qkv)?,
+                    bqkv,
+                    qk_norm,
                     wo: matrix(get(&n("self_attn.o_proj"), &[c, qw])?)?,
                     mlp_norm: vector(&n("post_attention_layernorm"))?,
                     w_gate_up: matrix(gate_up)?,
@@ -136,7 +183,7 @@ impl<B: Backend> Llama<B> {
         );
         let head = if tied { None } else { Some(matrix(get(names.head(), &[v, c])?)?) };
         let info = ModelInfo {
-            architecture: "llama",
+            architecture: config.variant.name(),
             vocab_size: v,
             context_length: config.context_length,
             n_layer: config.n_layer,
@@ -190,7 +237,10 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         let mut h = backend.rms_norm(&x, &first.attn_norm, eps); // (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
             // Attention: x = x + Wo · attention(rope(q), rope(k), v).
-            let qkv = backend.linear(&h, &b.wqkv, None); // (T, (H + 2·Hkv)·D)
+            let mut qkv = backend.linear(&h, &b.wqkv, b.bqkv.as_ref()); // (T, (H + 2·Hkv)·D)
+            if let Some((q_norm, k_norm)) = &b.qk_norm {
+                backend.qk_norm(&mut qkv, &self.spec, q_norm, k_norm, eps)?;
+            }
             let attn = backend.attention(&qkv, seqs, caches, layer, &self.spec)?; // (T, H·D)
             let attn_out = backend.linear(&attn, &b.wo, None); // (T, C)
             h = backend.add_rms_norm(&mut x, &attn_out, &b.mlp_norm, eps); // x += attn; h = rms_norm(x)

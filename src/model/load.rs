@@ -16,7 +16,7 @@ use crate::tokenizer::Tokenizer;
 
 /// The architectures this engine runs, as GGUF's `general.architecture` names them (HF's
 /// `model_type` is the same but for Gemma 3's `gemma3_text`).
-pub const ARCHITECTURES: [&str; 3] = ["gpt2", "llama", "gemma3"];
+pub const ARCHITECTURES: [&str; 5] = ["gpt2", "llama", "qwen2", "qwen3", "gemma3"];
 
 /// Whether `path` names a GGUF file (by its extension).
 pub fn is_gguf(path: &Path) -> bool {
@@ -60,7 +60,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
             Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
         }
-        Some("llama") => {
+        Some("llama" | "qwen2" | "qwen3") => {
             let config = LlamaConfig::from_hf_json(&text).map_err(bad)?;
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
             Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
@@ -71,7 +71,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
             Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
         }
         Some(other) => bail!(
-            "{}: model_type {other:?} is not supported (supported: gpt2, llama, gemma3_text)",
+            "{}: model_type {other:?} is not supported (supported: gpt2, llama, qwen2, qwen3, gemma3_text)",
             config_path.display(),
         ),
     };
