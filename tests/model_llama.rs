@@ -437,7 +437,7 @@ fn quantized_path_stays_close_to_hf() {
         ("tiny-llama", "q4_1", 0.15),
         ("tiny-llama-untied", "q8_0", 0.15),
         ("tiny-llama-untied", "q4_1", 0.15),
-        // No kernel of its own: decoded and re-quantized to Q8_0 blocks at load.
+        // No kernel of its own: Q8_0 blocks of exactly its values.
         ("tiny-llama", "q5_0", 0.15),
         // Q6_K's own kernels (exact blocks of 32 with the half-block scales).
         ("tiny-llama-k", "q6_k", 0.3),
