@@ -686,6 +686,20 @@ fn invalid_requests_are_clear_errors() {
         ("/v1/completions", r#"{"prompt": "x", "top_p": 0}"#, "top_p"),
         ("/v1/completions", r#"{"prompt": "x", "top_p": 1.5}"#, "top_p"),
         ("/v1/completions", r#"{"prompt": "x", "top_k": -2}"#, "top_k"),
+        // Output constraints are not enforced, so they are refused, not ignored.
+        ("/v1/completions", r#"{"prompt": "x", "response_format": {"type": "json_object"}}"#, "response_format"),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}}"#,
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= \"a\""}"#,
+            "grammar",
+        ),
+        ("/v1/completions", r#"{"prompt": "x", "json_schema": {"type": "object"}}"#, "json_schema"),
+        ("/v1/completions", r#"{"prompt": "x", "guided_choice": ["a", "b"]}"#, "guided_choice"),
         ("/v1/completions", r#"{"prompt": "x", "presence_penalty": 3}"#, "presence_penalty"),
         ("/v1/completions", r#"{"prompt": "x", "frequency_penalty": -9}"#, "frequency_penalty"),
         ("/v1/completions", r#"{"prompt": "x", "n": 2}"#, "n"),
@@ -724,6 +738,13 @@ fn invalid_requests_are_clear_errors() {
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
         assert!(!v["error"]["message"].as_str().unwrap().is_empty());
     }
+    // `text` is no constraint: answered as usual.
+    let (code, v) = s.post_raw(
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 2, "response_format": {"type": "text"}, "grammar": null}"#,
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
     let (code, body) = s.get("/v1/nothing");
     assert_eq!(code, 404, "{body}");
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["error"]["code"], 404);

@@ -360,6 +360,52 @@ struct GenRequest {
     ignore_eos: Option<bool>,
     #[serde(default)]
     suffix: Option<String>,
+    /// Output constraints, refused until they are enforced: OpenAI's `response_format`
+    /// (`text` is no constraint), llama-server's `grammar` and `json_schema`, vLLM's
+    /// `guided_*`.
+    #[serde(default)]
+    response_format: Option<Value>,
+    #[serde(default)]
+    grammar: Option<Value>,
+    #[serde(default)]
+    json_schema: Option<Value>,
+    #[serde(default)]
+    guided_json: Option<Value>,
+    #[serde(default)]
+    guided_regex: Option<Value>,
+    #[serde(default)]
+    guided_choice: Option<Value>,
+    #[serde(default)]
+    guided_grammar: Option<Value>,
+}
+
+/// A request that asks for constrained output is refused (400) rather than answered with
+/// unconstrained text: structured output is not implemented.
+fn refuse_constraints(r: &GenRequest) -> Result<(), ApiError> {
+    if let Some(f) = &r.response_format
+        && !f.is_null()
+        && f["type"] != "text"
+    {
+        return Err(ApiError::bad(
+            "response_format",
+            format!("response_format {} is not supported: this server does not enforce output formats", f["type"]),
+        ));
+    }
+    let fields = [
+        ("grammar", &r.grammar),
+        ("json_schema", &r.json_schema),
+        ("guided_json", &r.guided_json),
+        ("guided_regex", &r.guided_regex),
+        ("guided_choice", &r.guided_choice),
+        ("guided_grammar", &r.guided_grammar),
+    ];
+    if let Some((name, _)) = fields.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
+        return Err(ApiError::bad(
+            name,
+            format!("{name} is not supported: this server does not enforce output constraints"),
+        ));
+    }
+    Ok(())
 }
 
 /// What is left of a request once checked: the job's fields and how to answer.
@@ -607,6 +653,7 @@ fn generation_failed(state: &AppState, message: String) -> ApiError {
 async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
+    refuse_constraints(&r)?;
     if r.messages.is_some() {
         return Err(ApiError::bad("messages", "messages belong to /v1/chat/completions; use prompt here"));
     }
@@ -654,6 +701,7 @@ async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
 async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
+    refuse_constraints(&r)?;
     if r.prompt.is_some() {
         return Err(ApiError::bad("prompt", "prompt belongs to /v1/completions; use messages here"));
     }
