@@ -142,6 +142,8 @@ pub fn sampler(data: &[u8]) {
         min_p: f32_at(data, 16),
         repeat_penalty: f32_at(data, 20),
         repeat_last_n: usize::from(data[24]),
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
     };
     let history: Vec<u32> = data[25..29].iter().map(|&b| u32::from(b)).collect();
     let logits: Vec<f32> = data[29..].chunks(4).map(|c| f32_at(c, 0)).collect();
@@ -151,14 +153,15 @@ pub fn sampler(data: &[u8]) {
     };
     s.accept(&history);
     let recent = &history[history.len().saturating_sub(params.repeat_last_n)..];
-    let penalized: Vec<f32> =
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| {
-                if params.penalizes() && recent.contains(&(i as u32)) { penalize(v, params.repeat_penalty) } else { v }
-            })
-            .collect();
+    let penalized: Vec<f32> = logits
+        .iter()
+        .enumerate()
+        .map(
+            |(i, &v)| {
+                if params.repeats() && recent.contains(&(i as u32)) { penalize(v, params.repeat_penalty) } else { v }
+            },
+        )
+        .collect();
     for _ in 0..3 {
         let id = s.sample(&logits) as usize;
         assert!(logits.is_empty() || id < logits.len());

@@ -1,16 +1,15 @@
-//! The fast backend's decode loop makes no heap allocations once warm: activations come
-//! from a recycled pool, attention scratch is reserved for the whole cache, positions
-//! live on the stack. Checked with a counting global allocator.
+//! The engine's decode loop on the fast backend makes no heap allocations once warm:
+//! activations come from a recycled pool, attention scratch is reserved for the whole
+//! cache, the scheduler's step reuses its scratch. Checked with a counting global
+//! allocator.
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use batch_forge::backend::SeqSlice;
 use batch_forge::backend::cpu::CpuOptions;
-use batch_forge::engine::{SamplingParams, TokenPicker};
-use batch_forge::model::{Batch, LogitRows};
+use batch_forge::engine::{GenerateParams, SamplingParams};
 use common::*;
 
 struct Counting;
@@ -46,40 +45,31 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Heap allocations on the decode pool's threads in 52 warm decode steps, each token
-/// chosen by the engine's `TokenPicker` with `sampling`.
+/// Heap allocations on the decode pool's threads in 52 warm decode steps of
+/// `Engine::generate` (the engine's scheduler: plan, forward, token picker, update),
+/// each token chosen with `sampling`.
 fn allocations_in_warm_decode(sampling: SamplingParams) -> usize {
     let engine = cpu_engine("tiny-gpt2", CpuOptions::default());
-    let (b, m) = (&engine.backend, &engine.model);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
     pool.broadcast(|_| COUNTED.with(|c| c.set(true)));
     pool.install(|| {
-        let mut cache = m.new_cache(b, 100).unwrap();
-        let mut picker = TokenPicker::new(sampling).unwrap();
-        picker.reserve(100);
         let prompt = [464u32, 2068, 7586, 21831];
-        picker.accept_prompt(&prompt);
-        let seqs = [SeqSlice { rows: 0..4, start_pos: 0 }];
-        let out =
-            m.forward(b, &Batch { tokens: &prompt, seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq).unwrap();
-        let mut next = picker.pick(b, &out, 0, 3).unwrap();
-        drop(out);
-        let mut step = |pos: usize, next: &mut u32| {
-            let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
-            let out = m
-                .forward(b, &Batch { tokens: &[*next], seqs: &seqs }, &mut [&mut cache], LogitRows::LastOfEachSeq)
-                .unwrap();
-            *next = picker.pick(b, &out, pos - 3, pos).unwrap();
-        };
-        // Warm-up: the pool fills with every buffer size a step needs.
-        for pos in 4..20 {
-            step(pos, &mut next);
-        }
-        let before = ALLOCS.load(Ordering::Relaxed);
-        for pos in 20..72 {
-            step(pos, &mut next);
-        }
-        ALLOCS.load(Ordering::Relaxed) - before
+        let params = GenerateParams { ignore_eos: true, sampling, ..GenerateParams::greedy(72) };
+        let (mut n, mut before, mut after) = (0, 0, 0);
+        // Warm-up: the first 20 tokens fill the pool with every buffer size a step needs.
+        let g = engine
+            .generate(&prompt, &params, |_| {
+                n += 1;
+                if n == 20 {
+                    before = ALLOCS.load(Ordering::Relaxed);
+                } else if n == 72 {
+                    after = ALLOCS.load(Ordering::Relaxed);
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(g.generated_ids.len(), 72);
+        after - before
     })
 }
 
@@ -91,6 +81,8 @@ fn warm_decode_steps_do_not_allocate() {
         temperature: 0.8,
         repeat_penalty: 1.3,
         repeat_last_n: 64,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
         seed: 1,
         ..SamplingParams::greedy()
     };

@@ -14,7 +14,8 @@ use clap::Args;
 use batch_forge::backend::cpu::simd;
 use batch_forge::backend::{Backend, SeqSlice};
 use batch_forge::engine::sampler::Rng;
-use batch_forge::engine::{SamplingParams, TokenPicker};
+use batch_forge::engine::scheduler::{BLOCK_TOKENS, blocks_for};
+use batch_forge::engine::{Event, Metrics, Request, SamplingParams, Scheduler, SchedulerConfig};
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows, load_model};
@@ -404,9 +405,9 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
         for (kind, n, seqs) in runs(args) {
             let tokens: Vec<u32> = (0..n.max(seqs)).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut samples = Vec::new();
-            // One KV cache per sequence and test, reused by every repetition (each starts
-            // again at position 0), as a server reuses its caches and llama-bench its context.
-            let mut caches = (0..seqs).map(|_| model.new_cache(&backend, n)).collect::<anyhow::Result<Vec<_>>>()?;
+            // pp: one KV cache, reused by every repetition (each starts again at position
+            // 0), as llama-bench reuses its context.
+            let mut cache = if kind == "pp" { Some(model.new_cache(&backend, n)?) } else { None };
             for rep in 0..=args.repetitions {
                 let seconds = pool
                     .install(|| -> anyhow::Result<f64> {
@@ -416,45 +417,36 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                             let logits = model.forward(
                                 &backend,
                                 &Batch { tokens: &tokens[..n], seqs: &seqs },
-                                &mut [&mut caches[0]],
+                                &mut [cache.as_mut().expect("pp has a cache")],
                                 LogitRows::LastOfEachSeq,
                             )?;
                             backend.read(&logits)?;
-                        } else if seqs == 1 {
-                            let mut next = tokens[0];
-                            // Greedy, on the device when the backend can (as generate does).
-                            let mut picker = TokenPicker::new(SamplingParams::greedy())?;
-                            for pos in 0..n {
-                                let seqs = [SeqSlice { rows: 0..1, start_pos: pos }];
-                                let logits = model.forward(
-                                    &backend,
-                                    &Batch { tokens: &[next], seqs: &seqs },
-                                    &mut [&mut caches[0]],
-                                    LogitRows::LastOfEachSeq,
-                                )?;
-                                next = picker.pick(&backend, &logits, pos, pos)?;
-                            }
                         } else {
-                            // `seqs` sequences, one row each per step, greedy on each row.
-                            let mut next = tokens[..seqs].to_vec();
-                            let mut host = batch_forge::backend::HostMatrix::zeros(0, 0);
-                            for pos in 0..n {
-                                let rows: Vec<SeqSlice> =
-                                    (0..seqs).map(|i| SeqSlice { rows: i..i + 1, start_pos: pos }).collect();
-                                let mut refs: Vec<_> = caches.iter_mut().collect();
-                                let logits = model.forward(
-                                    &backend,
-                                    &Batch { tokens: &next, seqs: &rows },
-                                    &mut refs,
-                                    LogitRows::LastOfEachSeq,
-                                )?;
-                                if !backend.argmax_rows(&logits, &mut next)? {
-                                    backend.to_host(&logits, &mut host)?;
-                                    next =
-                                        (0..seqs).map(|r| batch_forge::engine::sampler::argmax(host.row(r))).collect();
+                            // `seqs` sequences of one random token each, decoded greedily
+                            // together by the engine's scheduler (on the device where the
+                            // backend can pick there), as generate and serve run them.
+                            let config = SchedulerConfig {
+                                parallel: seqs,
+                                ctx_size: seqs * blocks_for(n) * BLOCK_TOKENS,
+                                batch_tokens: seqs,
+                                prefix_cache: false,
+                                step_delay: std::time::Duration::ZERO,
+                            };
+                            let metrics = std::sync::Arc::new(Metrics::default());
+                            let mut scheduler = Scheduler::new(&backend, &*model, config, Vec::new(), metrics);
+                            for (i, &t) in tokens[..seqs].iter().enumerate() {
+                                let mut r = Request::new(i as u64, vec![t], n, SamplingParams::greedy());
+                                r.ignore_eos = true;
+                                scheduler.add(r);
+                            }
+                            let mut events = Vec::with_capacity(2 * seqs);
+                            while scheduler.busy() {
+                                scheduler.step(&mut events);
+                                for (_, e) in events.drain(..) {
+                                    if let Event::Failed(e) = e {
+                                        anyhow::bail!(e);
+                                    }
                                 }
-                                // A non-finite row's marker is no token: keep decoding from 0.
-                                next.iter_mut().filter(|t| u64::from(**t) >= vocab).for_each(|t| *t = 0);
                             }
                         }
                         Ok(start.elapsed().as_secs_f64())

@@ -33,8 +33,8 @@ pub struct ChatArgs {
     #[arg(short = 'n', long = "n-predict", value_name = "N", default_value_t = -1, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     n_predict: i64,
-    /// Positions for the whole conversation (prompt and replies); 0 = the model's context,
-    /// capped at 4096 (the KV cache is allocated up front).
+    /// Positions for the whole conversation (prompt and replies); 0 = the model's context
+    /// (the KV cache grows as the conversation does).
     #[arg(short = 'c', long = "ctx-size", value_name = "N", default_value_t = 0)]
     ctx_size: usize,
     #[command(flatten)]
@@ -45,9 +45,6 @@ pub struct ChatArgs {
     #[arg(long, short)]
     threads: Option<usize>,
 }
-
-/// The default conversation length when -c is not given.
-const DEFAULT_CTX: usize = 4096;
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     args.backend.validate("chat")?;
@@ -75,7 +72,7 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     );
     let n_positions = engine.model.info().context_length;
     anyhow::ensure!(args.ctx_size <= n_positions, "-c {} exceeds the model's context of {n_positions}", args.ctx_size);
-    let n_ctx = if args.ctx_size > 0 { args.ctx_size } else { n_positions.min(DEFAULT_CTX) };
+    let n_ctx = if args.ctx_size > 0 { args.ctx_size } else { n_positions };
     let mut session = engine.new_session(n_ctx.saturating_sub(1).max(1))?;
     let sampling = args.sampling.params(n_ctx)?;
     if !sampling.is_greedy() {

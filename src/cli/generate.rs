@@ -12,9 +12,9 @@ use clap::Args;
 
 use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
-use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopReason};
+use batch_forge::engine::text::TextOut;
+use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopHere, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
-use batch_forge::tokenizer::StreamDecoder;
 
 use super::{BackendArgs, BackendChoice, with_backend};
 
@@ -62,6 +62,14 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     repeat_last_n: i64,
+    /// Lower the logit of every token generated so far by X (OpenAI's presence
+    /// penalty), X in [-2, 2]; 0 = off.
+    #[arg(long, value_name = "X", default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Lower the logit of every token generated so far by X times its count (OpenAI's
+    /// frequency penalty), X in [-2, 2]; 0 = off.
+    #[arg(long, value_name = "X", default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
     /// RNG seed for sampling; -1 (the default) picks one and prints it on stderr.
     #[arg(short = 's', long, value_name = "SEED", allow_negative_numbers = true, value_parser = parse_seed)]
     seed: Option<Seed>,
@@ -81,6 +89,8 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: if self.repeat_last_n < 0 { n_ctx } else { self.repeat_last_n as usize },
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed,
         };
         sampling.validate().map_err(anyhow::Error::msg)?;
@@ -131,6 +141,10 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-text token.
     #[arg(long)]
     ignore_eos: bool,
+    /// Stop when the generated text contains STRING (repeatable, up to 4, as the API's
+    /// `stop`); the string itself is not printed.
+    #[arg(long = "stop", value_name = "STRING")]
+    stop: Vec<String>,
     /// Treat the prompt as a user message: wrap it in the model's chat template (its
     /// `tokenizer.chat_template`) and generate the assistant's reply.
     #[arg(long)]
@@ -216,6 +230,8 @@ impl GenerateArgs {
         }
         self.backend.validate("generate")?;
         super::check_threads(self.threads.as_slice())?;
+        anyhow::ensure!(self.stop.len() <= 4, "at most 4 --stop strings, got {}", self.stop.len());
+        anyhow::ensure!(self.stop.iter().all(|s| !s.is_empty()), "a --stop string must not be empty");
         Ok(())
     }
 
@@ -473,22 +489,24 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
 
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let mut stream = StreamDecoder::new();
-    let mut text = String::new();
+    // The text as the API builds it: whole characters, stop strings cut (and text that
+    // may begin one held back until it is decided).
+    let mut text = TextOut::new(tok, &args.stop);
     let result = engine.generate(&prompt_ids, &params, |id| {
         if engine.is_eos(id) && !args.ignore_eos {
             return Ok(());
         }
-        let start = text.len();
-        stream.push_into(tok.token_bytes(id)?, &mut text);
+        let stopped = text.push(id, None);
         if !args.json {
-            out.write_all(&text.as_bytes()[start..]).context("writing to stdout")?;
+            let (delta, _) = text.take_ready(false);
+            out.write_all(delta.as_bytes()).context("writing to stdout")?;
             out.flush().context("writing to stdout")?;
         }
-        Ok(())
+        if stopped { Err(StopHere.into()) } else { Ok(()) }
     })?;
-    let tail = stream.finish();
-    text.push_str(&tail);
+    text.finish();
+    let (tail, _) = text.take_ready(true);
+    let text = text.text().to_owned();
 
     let timings = PhaseTimings::new(load_time, &result);
     if args.json {

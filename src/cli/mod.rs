@@ -270,10 +270,9 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
             "--xtc-probability",
             "--xtc-threshold",
             "--dry-multiplier",
-            "--presence-penalty",
-            "--frequency-penalty",
         ],
-        "this sampler is not implemented (use --temp, --top-k, --top-p, --min-p, --repeat-penalty)",
+        "this sampler is not implemented (use --temp, --top-k, --top-p, --min-p, --repeat-penalty, \
+         --presence-penalty, --frequency-penalty)",
     ),
     (&["--grammar", "--grammar-file", "-j", "--json-schema"], "constrained sampling is not implemented"),
     (&["--lora", "--lora-scaled", "--control-vector"], "adapters are not implemented"),

@@ -76,7 +76,7 @@ pub fn lockstep<A: Backend, B: Backend>(
             argmax_b: argmax(logits_b.row(0)),
             next: sampler.sample(logits_a.row(0)),
         };
-        sampler.accept(&[s.next]);
+        sampler.accept_generated(s.next);
         on_step(&s)?;
         let (stop, next) = (!s.agrees() || (a.is_eos(s.next) && !params.ignore_eos), s.next);
         steps.push(s);

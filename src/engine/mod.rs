@@ -1,22 +1,37 @@
-//! Generation: tokenizer + model + backend, a KV cache per sequence, the
-//! prefill-then-decode loop, sampling and stop conditions.
+//! Generation: tokenizer + model + backend, and the engine core every command runs on.
+//!
+//! - [`scheduler`]: the one generation loop (plan → run → update), continuous batching
+//!   over a KV block pool; [`prefix_cache`] beside it.
+//! - [`sampler`]: the one token picker's host half and the sampling parameters the CLI
+//!   and the API share.
+//! - [`Engine`]: a loaded model with its tokenizer and chat template; `generate` and
+//!   sessions (`chat`) are single-request clients of the scheduler.
+//! - [`text`]: tokens to text with stop strings; [`metrics`]: the loop's counters.
+//! - [`perplexity`], [`lockstep`]: scoring and backend comparison, which need every
+//!   row's logits rather than picked tokens.
 
 pub mod lockstep;
 pub mod logprobs;
+pub mod metrics;
 pub mod perplexity;
+pub mod prefix_cache;
 pub mod sampler;
+pub mod scheduler;
+pub mod text;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
 
-use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
+use crate::backend::{Backend, HostMatrix, SeqSlice};
 use crate::chat::{ChatTemplate, Message};
 use crate::model::{Batch, CausalLm, LogitRows};
 use crate::tokenizer::Tokenizer;
 pub use logprobs::TokenLogprobs;
+pub use metrics::Metrics;
 pub use sampler::{Sampler, SamplingParams};
+pub use scheduler::{Event, Finish, Request, Scheduler, SchedulerConfig};
 
 /// [`Engine::prompt_ids`] from the parts (the server holds them apart from the model).
 pub fn prompt_ids(tokenizer: &Tokenizer, bos_token_id: Option<u32>, text: &str) -> Vec<u32> {
@@ -60,30 +75,23 @@ pub struct Engine<B: Backend> {
     pub end_of_generation: Vec<u32>,
 }
 
-/// One conversation's KV cache, kept between calls of [`Engine::generate_in`]: the next
-/// prompt reuses the cached prefix it shares with the tokens already processed, so a
-/// chat turn only prefills what is new.
-pub struct Session<B: Backend> {
-    cache: B::KvCache,
-    /// Positions the cache has room for.
+/// One conversation, kept between calls of [`Engine::generate_in`]: a scheduler whose
+/// one session is pinned, so the next prompt reuses the cached prefix it shares with the
+/// tokens already processed, and a chat turn only prefills what is new.
+pub struct Session<'e, B: Backend> {
+    scheduler: Scheduler<'e, B>,
+    /// Positions the session has room for.
     capacity: usize,
-    /// The tokens whose keys and values the cache holds, in order.
-    tokens: Vec<u32>,
 }
 
-impl<B: Backend> Session<B> {
-    /// Tokens whose keys and values are cached.
-    pub fn cached_tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
+impl<B: Backend> Session<'_, B> {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Forget the cached tokens (the next prompt is prefilled whole).
     pub fn clear(&mut self) {
-        self.tokens.clear();
+        self.scheduler.release_session(SESSION);
     }
 }
 
@@ -122,7 +130,22 @@ pub enum StopReason {
     Eos,
     /// The context (the model's `n_positions`, or the `max_context` cap) is full.
     ContextFull,
+    /// The caller's `on_token` asked to stop ([`StopHere`]): a stop string appeared.
+    Stop,
 }
+
+/// What an `on_token` callback returns (as its error) to end generation early without
+/// failing it: [`Engine::generate`] then returns with [`StopReason::Stop`].
+#[derive(Debug)]
+pub struct StopHere;
+
+impl std::fmt::Display for StopHere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("generation stopped by the caller")
+    }
+}
+
+impl std::error::Error for StopHere {}
 
 impl StopReason {
     pub fn as_str(self) -> &'static str {
@@ -130,6 +153,7 @@ impl StopReason {
             StopReason::Length => "length",
             StopReason::Eos => "eos",
             StopReason::ContextFull => "context_full",
+            StopReason::Stop => "stop",
         }
     }
 }
@@ -154,93 +178,18 @@ pub struct Generation {
     pub reused_prompt_tokens: usize,
 }
 
-/// The error for logits that are NaN or infinite: the weights or the arithmetic are
-/// broken, and no token chosen from them would mean anything.
-fn non_finite(step: usize, position: usize, first: Option<(usize, f32)>) -> anyhow::Error {
-    let what = match first {
-        Some((id, v)) => format!(" (token id {id}: {v})"),
-        None => String::new(),
-    };
-    anyhow::anyhow!(
-        "the model produced non-finite logits{what} at generation step {step} (position {position}); \
-         the weights or the computation are broken (try --backend reference to compare)"
-    )
-}
-
 /// Logits with a NaN or an infinity are an error naming the step and position.
 pub fn ensure_finite(logits: &[f32], step: usize, position: usize) -> anyhow::Result<()> {
     match logits.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(non_finite(step, position, Some((i, logits[i])))),
+        Some(i) => Err(anyhow::anyhow!(scheduler::non_finite_message(step, position, Some((i, logits[i]))))),
         None => Ok(()),
     }
 }
 
-/// Chooses each next token from one row of logits: greedy on the device where the
-/// backend can (only the id is read back), else on the host from read-back logits.
-/// Non-finite logits are an error naming the step. Keeps its scratch between steps, so
-/// a warm decode loop does not allocate.
-pub struct TokenPicker {
-    sampler: Sampler,
-    logits: HostMatrix,
-    device_ids: Vec<u32>,
-    /// Always read the logits back (for log-probabilities), never pick on the device.
-    host_logits: bool,
-}
-
-impl TokenPicker {
-    pub fn new(params: SamplingParams) -> anyhow::Result<Self> {
-        let sampler = Sampler::new(params).map_err(anyhow::Error::msg)?;
-        Ok(TokenPicker {
-            sampler,
-            logits: HostMatrix::zeros(0, 0),
-            device_ids: Vec::with_capacity(1),
-            host_logits: false,
-        })
-    }
-
-    /// Read every step's logits back to the host, so [`TokenPicker::last_logits`] has them.
-    pub fn keep_logits(&mut self) {
-        self.host_logits = true;
-    }
-
-    /// The logits of the last [`TokenPicker::pick`] when it read them back (always after
-    /// [`TokenPicker::keep_logits`]).
-    pub fn last_logits(&self) -> Option<&[f32]> {
-        (self.logits.rows == 1).then(|| self.logits.row(0))
-    }
-
-    /// Room for the repetition penalty's history over a context of `n_ctx` tokens.
-    pub fn reserve(&mut self, n_ctx: usize) {
-        self.sampler.reserve_history(n_ctx);
-    }
-
-    /// Record the prompt's tokens (for the repetition penalty; chosen tokens are
-    /// recorded by [`TokenPicker::pick`]).
-    pub fn accept_prompt(&mut self, ids: &[u32]) {
-        self.sampler.accept(ids);
-    }
-
-    /// The token after the row `out` (logits of shape (1, V)) at `position`, generation step `step`.
-    pub fn pick<B: Backend>(&mut self, backend: &B, out: &B::Act, step: usize, position: usize) -> anyhow::Result<u32> {
-        let params = self.sampler.params();
-        if params.is_greedy()
-            && !params.penalizes()
-            && !self.host_logits
-            && backend.argmax_rows(out, &mut self.device_ids)?
-        {
-            return match self.device_ids[0] {
-                NON_FINITE_ROW => Err(non_finite(step, position, None)),
-                id => Ok(id),
-            };
-        }
-        backend.to_host(out, &mut self.logits)?;
-        let row = self.logits.row(0);
-        ensure_finite(row, step, position)?;
-        let id = self.sampler.sample(row);
-        self.sampler.accept(&[id]);
-        Ok(id)
-    }
-}
+/// The id of the one request [`Engine::generate`] submits, and of a session's.
+const ONLY_REQUEST: u64 = 0;
+/// The session id of a [`Session`]'s requests.
+const SESSION: u64 = 0;
 
 impl<B: Backend> Engine<B> {
     /// Load a model folder (config.json, model.safetensors or shards, tokenizer files) or
@@ -297,12 +246,22 @@ impl<B: Backend> Engine<B> {
         chat_prompt_ids(&self.tokenizer, self.chat_template.as_ref(), self.chat_template_error.as_deref(), messages)
     }
 
-    /// A session (KV cache) for up to `capacity` positions, capped by the model's context.
-    pub fn new_session(&self, capacity: usize) -> anyhow::Result<Session<B>> {
-        let capacity = capacity.min(self.model.info().context_length);
-        let mut tokens = Vec::new();
-        tokens.try_reserve_exact(capacity)?;
-        Ok(Session { cache: self.model.new_cache(&self.backend, capacity)?, capacity, tokens })
+    /// A session (a conversation) for up to `capacity` positions, capped by the model's
+    /// context.
+    pub fn new_session(&self, capacity: usize) -> anyhow::Result<Session<'_, B>> {
+        let capacity = capacity.min(self.model.info().context_length).max(1);
+        Ok(Session { scheduler: self.scheduler(SchedulerConfig::single(capacity)), capacity })
+    }
+
+    /// A scheduler over this engine's model (the engine core every command runs on).
+    pub fn scheduler(&self, config: SchedulerConfig) -> Scheduler<'_, B> {
+        Scheduler::new(
+            &self.backend,
+            &*self.model,
+            config,
+            self.end_of_generation.clone(),
+            std::sync::Arc::new(Metrics::default()),
+        )
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
@@ -332,7 +291,8 @@ impl<B: Backend> Engine<B> {
         Ok(n_ctx)
     }
 
-    /// Generate from `prompt_ids`, calling `on_token` with each new id as soon as it is chosen.
+    /// Generate from `prompt_ids`, calling `on_token` with each new id as soon as it is
+    /// chosen: one request on the engine's scheduler.
     pub fn generate(
         &self,
         prompt_ids: &[u32],
@@ -340,10 +300,10 @@ impl<B: Backend> Engine<B> {
         on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
-        // The last chosen token is never fed back: prompt + budget - 1 positions.
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
-        let mut session = self.new_session((prompt_ids.len() + budget).saturating_sub(1).max(1))?;
-        self.generate_in(&mut session, prompt_ids, params, on_token)
+        let positions = scheduler::positions_for(prompt_ids.len(), budget);
+        let mut scheduler = self.scheduler(SchedulerConfig::single(positions));
+        run_request(&mut scheduler, None, prompt_ids, budget, params, on_token)
     }
 
     /// [`Engine::generate`] within a session: the cached prefix that `prompt_ids` shares
@@ -352,10 +312,10 @@ impl<B: Backend> Engine<B> {
     /// session's capacity + 1 (the last token is never cached), capped as in `generate`.
     pub fn generate_in(
         &self,
-        session: &mut Session<B>,
+        session: &mut Session<'_, B>,
         prompt_ids: &[u32],
         params: &GenerateParams,
-        mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
+        on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?.min(session.capacity + 1);
         ensure!(
@@ -363,68 +323,76 @@ impl<B: Backend> Engine<B> {
             "the prompt is {} tokens but the session holds {n_ctx}; start a new one or raise -c",
             prompt_ids.len()
         );
-        let mut picker = TokenPicker::new(params.sampling.clone())?;
-        picker.reserve(n_ctx);
-        picker.accept_prompt(prompt_ids);
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
-        let mut generation = Generation {
-            prompt_ids: prompt_ids.to_vec(),
-            generated_ids: Vec::with_capacity(budget),
-            stop: if budget < params.max_new_tokens { StopReason::ContextFull } else { StopReason::Length },
-            timings: Timings::default(),
-            logprobs: Vec::new(),
-            reused_prompt_tokens: 0,
-        };
-        if params.logprobs.is_some() {
-            picker.keep_logits();
-        }
-        if budget == 0 {
-            return Ok(generation);
-        }
-        // Reuse the longest cached prefix, but always run at least the prompt's last token
-        // (its logits choose the first new one).
-        let shared = session.tokens.iter().zip(prompt_ids).take_while(|(a, b)| a == b).count();
-        let reuse = shared.min(prompt_ids.len() - 1);
-        session.tokens.truncate(reuse);
-        generation.reused_prompt_tokens = reuse;
-        let start = Instant::now();
-        let mut step_tokens = prompt_ids[reuse..].to_vec();
-        let mut pos = reuse;
-        loop {
-            let seqs = [SeqSlice { rows: 0..step_tokens.len(), start_pos: pos }];
-            let batch = Batch { tokens: &step_tokens, seqs: &seqs };
-            let out = self.model.forward(&self.backend, &batch, &mut [&mut session.cache], LogitRows::LastOfEachSeq);
-            let out = match out {
-                Ok(out) => out,
-                Err(e) => {
-                    session.tokens.clear(); // the cache may hold part of this step
-                    return Err(e);
+        run_request(&mut session.scheduler, Some(SESSION), prompt_ids, budget, params, on_token)
+    }
+}
+
+/// Submit one request of up to `budget` tokens and step the scheduler until it ends,
+/// handing each token to `on_token`.
+fn run_request<B: Backend>(
+    scheduler: &mut Scheduler<'_, B>,
+    session: Option<u64>,
+    prompt_ids: &[u32],
+    budget: usize,
+    params: &GenerateParams,
+    mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<Generation> {
+    let mut generation = Generation {
+        prompt_ids: prompt_ids.to_vec(),
+        generated_ids: Vec::with_capacity(budget),
+        stop: if budget < params.max_new_tokens { StopReason::ContextFull } else { StopReason::Length },
+        timings: Timings::default(),
+        logprobs: Vec::new(),
+        reused_prompt_tokens: 0,
+    };
+    if budget == 0 {
+        return Ok(generation);
+    }
+    Sampler::new(params.sampling.clone()).map_err(anyhow::Error::msg)?;
+    let mut request = Request::new(ONLY_REQUEST, prompt_ids.to_vec(), budget, params.sampling.clone());
+    request.logprobs = params.logprobs;
+    request.ignore_eos = params.ignore_eos;
+    request.session = session;
+    scheduler.add(request);
+    let start = Instant::now();
+    let mut events = Vec::with_capacity(4);
+    loop {
+        scheduler.step(&mut events);
+        for (_, event) in events.drain(..) {
+            let (id, logprobs) = match event {
+                Event::Started { cached } => {
+                    generation.reused_prompt_tokens = cached;
+                    continue;
                 }
+                Event::PromptLogprobs(_) => continue,
+                Event::Token { id, logprobs } => (id, logprobs),
+                Event::EndToken { id, logprobs } => {
+                    generation.stop = StopReason::Eos;
+                    (id, logprobs)
+                }
+                Event::Finished { .. } => {
+                    generation.timings.decode = start.elapsed() - generation.timings.prefill;
+                    return Ok(generation);
+                }
+                Event::Failed(e) => bail!(e),
             };
-            session.tokens.extend_from_slice(&step_tokens);
-            let step = generation.generated_ids.len();
-            let next = picker.pick(&self.backend, &out, step, pos + step_tokens.len() - 1)?;
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();
             }
-            pos += step_tokens.len();
-            if let (Some(n), Some(logits)) = (params.logprobs, picker.last_logits()) {
-                generation.logprobs.push(logprobs::token_logprobs(logits, next, n));
+            generation.generated_ids.push(id);
+            generation.logprobs.extend(logprobs);
+            if let Err(e) = on_token(id) {
+                scheduler.abort(ONLY_REQUEST);
+                if e.is::<StopHere>() {
+                    generation.stop = StopReason::Stop;
+                    generation.timings.decode = start.elapsed() - generation.timings.prefill;
+                    return Ok(generation);
+                }
+                return Err(e);
             }
-            generation.generated_ids.push(next);
-            on_token(next)?;
-            if self.is_eos(next) && !params.ignore_eos {
-                generation.stop = StopReason::Eos;
-                break;
-            }
-            if generation.generated_ids.len() == budget {
-                break;
-            }
-            step_tokens.clear();
-            step_tokens.push(next);
         }
-        generation.timings.decode = start.elapsed() - generation.timings.prefill;
-        Ok(generation)
+        ensure!(scheduler.busy(), "the engine dropped the request without an answer");
     }
 }

@@ -1,8 +1,11 @@
-//! Next-token selection: repetition penalty, greedy, top-k, top-p, min-p, temperature,
-//! with a seeded RNG.
+//! Next-token selection: presence/frequency and repetition penalties, greedy, top-k,
+//! top-p, min-p, temperature, with a seeded RNG. One set of parameters
+//! ([`SamplingParams`], llama.cpp's defaults) serves the CLI and the HTTP API.
 //!
-//! Order of operations, llama.cpp's default sampler chain: the repetition penalty on the
-//! raw logits (llama.cpp's and HF's formula: a positive logit of a recent token is
+//! Order of operations, llama.cpp's default sampler chain: OpenAI's presence and
+//! frequency penalties over the tokens generated so far (`logit -= presence` for a token
+//! that appeared, `- frequency × count`, as vLLM applies them), then the repetition
+//! penalty on those logits (llama.cpp's and HF's formula: a positive logit of a recent token is
 //! divided by the penalty, a negative one multiplied) → keep the top k → keep the
 //! smallest set whose probability reaches top p → drop tokens less likely than min p ×
 //! the most likely one → divide the survivors' logits by the temperature → draw. The
@@ -25,7 +28,29 @@ pub struct SamplingParams {
     pub repeat_penalty: f32,
     /// How many recent tokens the penalty looks at; 0 = off, `usize::MAX` = all.
     pub repeat_last_n: usize,
+    /// OpenAI's presence penalty over the generated tokens, in [-2, 2]; 0 = off.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty over the generated tokens, in [-2, 2]; 0 = off.
+    pub frequency_penalty: f32,
     pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    /// llama.cpp's defaults, for the CLI and the API alike: temperature 0.8, top-k 40,
+    /// top-p 0.95, min-p 0.05, no penalties, seed 0.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
 }
 
 impl SamplingParams {
@@ -37,6 +62,8 @@ impl SamplingParams {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -54,6 +81,11 @@ impl SamplingParams {
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return Err(format!("repeat-penalty must be a finite number > 0 (1 = off), got {}", self.repeat_penalty));
         }
+        for (name, v) in [("presence-penalty", self.presence_penalty), ("frequency-penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{name} must be in [-2, 2] (0 = off), got {v}"));
+            }
+        }
         Ok(())
     }
 
@@ -62,8 +94,19 @@ impl SamplingParams {
     }
 
     /// Whether the repetition penalty changes anything (and so needs the token history).
-    pub fn penalizes(&self) -> bool {
+    pub fn repeats(&self) -> bool {
         self.repeat_penalty != 1.0 && self.repeat_last_n > 0
+    }
+
+    /// Whether any penalty changes the logits (the repetition penalty, or OpenAI's).
+    pub fn penalizes(&self) -> bool {
+        self.repeats() || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+
+    /// Whether the token is the argmax of the raw logits, which a backend may find on
+    /// the device (greedy, no penalty).
+    pub fn is_argmax(&self) -> bool {
+        (self.is_greedy() || self.top_k == 1) && !self.penalizes()
     }
 }
 
@@ -96,6 +139,8 @@ pub struct Sampler {
     rng: Rng,
     /// The last `repeat_last_n` tokens (prompt and generated), when the penalty is on.
     history: VecDeque<u32>,
+    /// Occurrences of each generated token (for OpenAI's penalties), when they are on.
+    counts: std::collections::HashMap<u32, u32>,
     /// Scratch reused across steps: (logit, id) candidates, their probabilities, and the
     /// distinct ids of the history.
     candidates: Vec<(f32, u32)>,
@@ -153,6 +198,7 @@ impl Sampler {
             rng: Rng::new(params.seed),
             params,
             history: VecDeque::new(),
+            counts: std::collections::HashMap::new(),
             candidates: Vec::new(),
             probs: Vec::new(),
             recent: Vec::new(),
@@ -166,17 +212,29 @@ impl Sampler {
     /// Room for the penalty's history of a sequence of up to `n_ctx` tokens, so a warm
     /// decode loop does not allocate.
     pub fn reserve_history(&mut self, n_ctx: usize) {
-        if self.params.penalizes() {
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            self.counts.reserve(n_ctx.min(1 << 16));
+        }
+        if self.params.repeats() {
             let n = self.params.repeat_last_n.min(n_ctx);
             self.history.reserve(n);
             self.recent.reserve(n);
         }
     }
 
-    /// Record tokens of the sequence (the prompt, then each chosen token) for the
-    /// repetition penalty; a no-op when the penalty is off.
+    /// Record a generated token: for the repetition penalty, and for OpenAI's penalties,
+    /// which count generated tokens only.
+    pub fn accept_generated(&mut self, id: u32) {
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            *self.counts.entry(id).or_default() += 1;
+        }
+        self.accept(&[id]);
+    }
+
+    /// Record tokens of the sequence (the prompt; generated tokens go through
+    /// [`Sampler::accept_generated`]) for the repetition penalty; a no-op when it is off.
     pub fn accept(&mut self, ids: &[u32]) {
-        if !self.params.penalizes() {
+        if !self.params.repeats() {
             return;
         }
         let n = self.params.repeat_last_n;
@@ -193,7 +251,8 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let greedy = p.is_greedy() || p.top_k == 1;
-        if greedy && !p.penalizes() {
+        let openai = !self.counts.is_empty();
+        if greedy && !p.repeats() && !openai {
             return argmax(logits);
         }
         // Candidates ordered by raw logit: dividing by a positive temperature keeps the
@@ -203,7 +262,14 @@ impl Sampler {
         let c = &mut self.candidates;
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &v)| (v, i as u32)));
-        if p.penalizes() {
+        if openai {
+            for (&id, &n) in &self.counts {
+                if let Some((v, _)) = c.get_mut(id as usize) {
+                    *v -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+        if p.repeats() {
             let recent = &mut self.recent;
             recent.clear();
             recent.extend(self.history.iter().copied().filter(|&id| (id as usize) < c.len()));

@@ -25,10 +25,11 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::scheduler::{BLOCK_TOKENS, Event, Finish, Job, blocks_for, positions_for};
-use super::text::{TextOut, TokenOut};
+use super::Job;
 use super::{AppState, Loaded};
 use crate::chat::Message;
+use crate::engine::scheduler::{BLOCK_TOKENS, Event, Finish, Request as EngineRequest, blocks_for, positions_for};
+use crate::engine::text::{TextOut, TokenOut};
 use crate::engine::{SamplingParams, TokenLogprobs};
 
 /// An error in OpenAI's shape.
@@ -413,8 +414,6 @@ struct Checked {
     prompt: Vec<u32>,
     max_tokens: usize,
     sampling: SamplingParams,
-    presence: f32,
-    frequency: f32,
     logprobs: Option<usize>,
     /// Score the prompt too (completions' `echo` with `logprobs`).
     prompt_logprobs: Option<usize>,
@@ -516,14 +515,17 @@ fn check_common(
             ),
         ));
     }
-    let temperature = number(r.temperature, "temperature", 1.0, |x| (0.0..=100.0).contains(&x), "in [0, 100]")?;
-    let top_p = number(r.top_p, "top_p", 1.0, |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
-    let min_p = number(r.min_p, "min_p", 0.0, |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
+    // Unset fields take the defaults the CLI has (llama.cpp's, as llama-server's API).
+    let d = SamplingParams::default();
+    let temperature =
+        number(r.temperature, "temperature", d.temperature.into(), |x| (0.0..=100.0).contains(&x), "in [0, 100]")?;
+    let top_p = number(r.top_p, "top_p", d.top_p.into(), |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
+    let min_p = number(r.min_p, "min_p", d.min_p.into(), |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
     let repeat = number(r.repeat_penalty, "repeat_penalty", 1.0, |x| x > 0.0 && x <= 100.0, "in (0, 100]")?;
     let presence = number(r.presence_penalty, "presence_penalty", 0.0, |x| (-2.0..=2.0).contains(&x), "in [-2, 2]")?;
     let frequency = number(r.frequency_penalty, "frequency_penalty", 0.0, |x| (-2.0..=2.0).contains(&x), "in [-2, 2]")?;
     let top_k = match r.top_k {
-        None => 0,
+        None => d.top_k.min(l.info.vocab_size),
         Some(k) if k >= 0 => k.min(l.info.vocab_size as i64) as usize,
         Some(k) => return Err(ApiError::bad("top_k", format!("top_k must be >= 0 (0 = off), got {k}"))),
     };
@@ -547,7 +549,9 @@ fn check_common(
         top_p: top_p as f32,
         min_p: min_p as f32,
         repeat_penalty: repeat as f32,
-        repeat_last_n: if repeat == 1.0 { 0 } else { 64 },
+        repeat_last_n: d.repeat_last_n,
+        presence_penalty: presence as f32,
+        frequency_penalty: frequency as f32,
         seed,
     };
     sampling.validate().map_err(|e| ApiError::bad("temperature", e))?;
@@ -555,8 +559,6 @@ fn check_common(
         prompt,
         max_tokens,
         sampling,
-        presence: presence as f32,
-        frequency: frequency as f32,
         logprobs,
         prompt_logprobs,
         stops,
@@ -592,19 +594,18 @@ fn submit(
     let slot = Slot(state.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let job = Job {
+    let request = EngineRequest {
         id,
         prompt: c.prompt.clone(),
         max_tokens: c.max_tokens,
         sampling: c.sampling.clone(),
-        presence_penalty: c.presence,
-        frequency_penalty: c.frequency,
         logprobs: c.logprobs,
         prompt_logprobs: c.prompt_logprobs,
         ignore_eos: c.ignore_eos,
-        events: tx,
+        session: None,
         arrived: Instant::now(),
     };
+    let job = Job { request, events: tx };
     l.jobs.send(job).map_err(|_| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down"))?;
     Ok((rx, slot, id))
 }
@@ -910,6 +911,7 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
         match ev {
             Event::Started { cached: n } => cached = n,
             Event::PromptLogprobs(v) => scored.extend(v),
+            Event::EndToken { .. } => {} // not part of the text
             Event::Token { id, logprobs } => {
                 generated += 1;
                 if out.push(id, logprobs) {
@@ -1068,6 +1070,7 @@ async fn stream_task(
         match ev {
             Event::Started { cached: n } => cached = n,
             Event::PromptLogprobs(v) => scored.extend(v),
+            Event::EndToken { .. } => {} // not part of the text
             Event::Token { id, logprobs } => {
                 generated += 1;
                 let stopped = out.push(id, logprobs);

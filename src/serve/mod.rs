@@ -1,12 +1,12 @@
 //! `forge serve`: an OpenAI-compatible HTTP server over a continuous-batching scheduler.
 //!
-//! - [`scheduler`]: the request engine; one loop, one forward per step over every
-//!   active sequence, a KV block pool, a prefix cache. It knows neither the model's
-//!   architecture nor HTTP.
+//! HTTP only: the generation loop is the engine's [`Scheduler`]; this module routes
+//! requests into it and its events back out.
+//!
 //! - [`api`]: the routes (axum), request checks, OpenAI's JSON and SSE shapes.
-//! - [`text`]: generated tokens to streamed text (whole characters, stop strings).
-//! - [`metrics`]: counters and histograms for `/metrics`.
 //! - [`http`]: the accept loop (timeouts for slow clients, a connection limit).
+//! - [`run_engine`]: the scheduler's thread: jobs in from the handlers, each request's
+//!   events out to its handler, requests whose client is gone aborted.
 //!
 //! Threads: the HTTP side runs on a tokio runtime; the scheduler runs on its own
 //! thread (inside the backend's rayon pool), loads the model, then loops. `/health`
@@ -14,20 +14,28 @@
 
 pub mod api;
 pub mod http;
-pub mod metrics;
-pub mod scheduler;
-pub mod text;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::Backend;
 use crate::chat::ChatTemplate;
-use crate::engine::Engine;
+use crate::engine::scheduler::BLOCK_TOKENS;
+use crate::engine::{Engine, Event, Request, Scheduler};
+pub use crate::engine::{Metrics, SchedulerConfig};
 use crate::model::ModelInfo;
 use crate::tokenizer::Tokenizer;
-pub use metrics::Metrics;
-pub use scheduler::{Job, Scheduler, SchedulerConfig};
+
+/// A request from a handler, with the channel its events go to.
+pub struct Job {
+    pub request: Request,
+    pub events: UnboundedSender<Event>,
+}
 
 /// Server settings (the CLI's flags).
 #[derive(Clone, Debug)]
@@ -93,7 +101,7 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     if cfg.ctx_size == 0 {
         cfg.ctx_size = cfg.parallel.saturating_mul(info.context_length);
     }
-    cfg.ctx_size = (cfg.ctx_size / scheduler::BLOCK_TOKENS).max(1) * scheduler::BLOCK_TOKENS;
+    cfg.ctx_size = (cfg.ctx_size / BLOCK_TOKENS).max(1) * BLOCK_TOKENS;
     cfg.batch_tokens = cfg.batch_tokens.max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -104,8 +112,73 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     }
     tracing::info!(slots = cfg.parallel, ctx_size = cfg.ctx_size, "ready: /health answers 200");
     let mut scheduler = Scheduler::new(&backend, &*model, cfg, end_of_generation, state.metrics.clone());
-    scheduler.run(rx, &state.stop);
+    route(&mut scheduler, rx, &state.stop);
     Ok(())
+}
+
+/// Step the scheduler until `jobs` closes or `stop` is set, routing each request's
+/// events to its handler; then every request still here gets `Failed("server is
+/// shutting down")`.
+fn route<B: Backend>(scheduler: &mut Scheduler<'_, B>, jobs: Receiver<Job>, stop: &AtomicBool) {
+    let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
+    let add = |scheduler: &mut Scheduler<'_, B>, senders: &mut HashMap<_, _>, job: Job| {
+        senders.insert(job.request.id, job.events);
+        scheduler.add(job.request);
+    };
+    let step_delay = scheduler.config().step_delay;
+    let mut out = Vec::new();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        // Block for work only when idle; otherwise take what has arrived.
+        if !scheduler.busy() {
+            match jobs.recv_timeout(Duration::from_millis(100)) {
+                Ok(job) => add(scheduler, &mut senders, job),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            add(scheduler, &mut senders, job);
+        }
+        // A client that disconnected (or a stop string found) closed its receiver.
+        senders.retain(|&id, tx| {
+            if tx.is_closed() && scheduler.abort(id) {
+                tracing::info!(id, "request cancelled; its sequence is freed");
+            }
+            !tx.is_closed()
+        });
+        scheduler.step(&mut out);
+        send(&mut senders, &mut out, scheduler);
+        if !step_delay.is_zero() {
+            std::thread::sleep(step_delay);
+        }
+    }
+    // Jobs still in the channel get their answer too.
+    while let Ok(job) = jobs.try_recv() {
+        add(scheduler, &mut senders, job);
+    }
+    scheduler.shutdown("server is shutting down", &mut out);
+    send(&mut senders, &mut out, scheduler);
+}
+
+/// Hand each event to its request's channel; a closed channel aborts the request.
+fn send<B: Backend>(
+    senders: &mut HashMap<u64, UnboundedSender<Event>>,
+    out: &mut Vec<(u64, Event)>,
+    scheduler: &mut Scheduler<'_, B>,
+) {
+    for (id, event) in out.drain(..) {
+        let last = matches!(event, Event::Finished { .. } | Event::Failed(_));
+        let Some(tx) = senders.get(&id) else { continue };
+        if tx.send(event).is_err() || last {
+            senders.remove(&id);
+            if !last {
+                scheduler.abort(id);
+            }
+        }
+    }
 }
 
 /// Ask the scheduler to stop.
