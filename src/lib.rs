@@ -1,6 +1,7 @@
 //! batch_forge: an LLM inference engine written from scratch, verifiable against
 //! Hugging Face transformers.
 //!
+//! - [`tensor`]: the ground floor: element and block types, borrowed tensors.
 //! - [`tokenizer`]: byte-level BPE (GPT-2, and Llama-family models from GGUF metadata), streaming decode.
 //! - [`chat`]: chat templates (Jinja), rendered as HF transformers renders them.
 //! - [`loaders`]: safetensors, GGUF, config.json, model folders, the HF Hub cache.
@@ -23,5 +24,6 @@ pub mod loaders;
 pub mod model;
 pub mod quant;
 pub mod serve;
+pub mod tensor;
 pub mod tokenizer;
 pub mod verify;

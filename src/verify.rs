@@ -28,7 +28,7 @@ use crate::model::{Batch, CausalLm, LogitRows, Stage};
 /// f16 KV, not at bf16), so verify at f32 first.
 pub mod tolerance {
     use crate::backend::WeightDtype;
-    use crate::loaders::safetensors::Dtype;
+    use crate::tensor::{Dtype, KvDtype};
 
     /// f32 weights and KV: float32 summation-order noise (measured ≤ 2.7e-6).
     pub const F32: f64 = 2e-5;
@@ -51,13 +51,13 @@ pub mod tolerance {
 
     /// The tolerance for a run: the largest rounding it adds to a file stored as
     /// `stored`. Weights kept as stored (or widened) add nothing.
-    pub fn for_run(stored: Dtype, weights: Option<WeightDtype>, kv_f16: bool) -> f64 {
+    pub fn for_run(stored: Dtype, weights: Option<WeightDtype>, kv: KvDtype) -> f64 {
         let w = match (weights, stored) {
             (Some(WeightDtype::F16), Dtype::F32) => F16_WEIGHTS,
             (Some(WeightDtype::BF16), Dtype::F32 | Dtype::F16) | (Some(WeightDtype::F16), Dtype::BF16) => BF16_WEIGHTS,
             _ => F32,
         };
-        w.max(if kv_f16 { F16_KV } else { F32 })
+        w.max(if kv == KvDtype::F16 { F16_KV } else { F32 })
     }
 }
 

@@ -24,6 +24,7 @@ mod common;
 use batch_forge::backend::cpu::simd::{
     avx2_or_skip, avx512_bf16_or_skip, avx512_or_skip, avx512_vnni_or_skip, isas_or_skip,
 };
+use batch_forge::tensor::KvDtype;
 use common::{round_to, tensor, view};
 
 use batch_forge::backend::WeightDtype;
@@ -452,12 +453,18 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
 fn run(opts: CpuOptions) {
     let b = CpuBackend::new(opts).unwrap();
     let wdtype = opts.weight_dtype.unwrap_or(WeightDtype::F32);
-    let worst = parity_suite(&b, wdtype, opts.kv_f16, opts.isa.has_bf16() && wdtype == WeightDtype::BF16);
-    eprintln!("{:?} {:?} kv_f16={}: worst (NMSE, max rel) per op {worst:?}", opts.isa, wdtype, opts.kv_f16);
+    let worst =
+        parity_suite(&b, wdtype, opts.kv_dtype == KvDtype::F16, opts.isa.has_bf16() && wdtype == WeightDtype::BF16);
+    eprintln!("{:?} {:?} kv={}: worst (NMSE, max rel) per op {worst:?}", opts.isa, wdtype, opts.kv_dtype);
 }
 
 fn opts(isa: Isa, dtype: WeightDtype, kv_f16: bool) -> CpuOptions {
-    CpuOptions { weight_dtype: Some(dtype), kv_f16, isa, batch_invariant: false }
+    CpuOptions {
+        weight_dtype: Some(dtype),
+        kv_dtype: if kv_f16 { KvDtype::F16 } else { KvDtype::F32 },
+        isa,
+        batch_invariant: false,
+    }
 }
 
 #[test]
@@ -534,7 +541,12 @@ fn gpu_every_kernel_variant() {
         if (dtype == WeightDtype::F16 || kv_f16) && !has_f16 || gemv == GemvKernel::Subgroup && !has_sg {
             continue;
         }
-        let o = GpuOptions { weight_dtype: Some(dtype), gemv, kv_f16, ..Default::default() };
+        let o = GpuOptions {
+            weight_dtype: Some(dtype),
+            gemv,
+            kv_dtype: if kv_f16 { KvDtype::F16 } else { KvDtype::F32 },
+            ..Default::default()
+        };
         let Some(b) = common::gpu_backend(o) else { return };
         let worst = parity_suite(&b, dtype, kv_f16, false);
         eprintln!("gpu {dtype:?} weights, {gemv:?} gemv, kv_f16={kv_f16}: worst (NMSE, max rel) per op {worst:?}");
@@ -577,7 +589,8 @@ fn quantized_linear_matches_block_arithmetic_on_this_pool() {
     let mut rng = Rng::new(77);
     let f16v = |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32() as f64;
     for isa in isas_or_skip() {
-        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
+        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_dtype: KvDtype::F32, isa, batch_invariant: false })
+            .unwrap();
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6K] {
             for (n_out, n_in, t, scale) in [
                 (1, 32, 1, 1.0),
@@ -708,8 +721,9 @@ fn quantized_kernels_agree_on_this_pool() {
         return;
     }
     let mut rng = Rng::new(5);
-    let backend =
-        |isa| CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
+    let backend = |isa| {
+        CpuBackend::new(CpuOptions { weight_dtype: None, kv_dtype: KvDtype::F32, isa, batch_invariant: false }).unwrap()
+    };
     let portable = backend(Isa::PORTABLE);
     let bits = |m: &HostMatrix| m.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K, GgmlType::Q6K] {
@@ -862,7 +876,8 @@ fn q4_k_runs_as_exact_q4_1_sub_blocks() {
         (sc as f64, m as f64)
     };
     for isa in isas_or_skip() {
-        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_f16: false, isa, batch_invariant: false }).unwrap();
+        let b = CpuBackend::new(CpuOptions { weight_dtype: None, kv_dtype: KvDtype::F32, isa, batch_invariant: false })
+            .unwrap();
         for (n_out, n_in, t, scale) in
             [(1, 256, 1, 1.0), (5, 512, 3, 1e3), (9, 768, 1, 1e-3), (6, 256, 17, 10.0), (37, 512, 5, 1.0)]
         {

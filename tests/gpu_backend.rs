@@ -14,6 +14,7 @@ use batch_forge::backend::{
 };
 use batch_forge::compare::max_abs_diff;
 use batch_forge::engine::sampler::{Rng, argmax};
+use batch_forge::tensor::KvDtype;
 use common::{tensor, view};
 
 fn gpu() -> Option<GpuBackend> {
@@ -163,7 +164,7 @@ fn errors_come_back_as_errors() {
 #[test]
 fn f16_kv_cache_takes_half_the_memory() {
     let Some(f32_backend) = gpu() else { return };
-    let o = GpuOptions { weight_dtype: Some(WeightDtype::F32), kv_f16: true, ..Default::default() };
+    let o = GpuOptions { weight_dtype: Some(WeightDtype::F32), kv_dtype: KvDtype::F16, ..Default::default() };
     let Some(f16_backend) = common::gpu_backend(o) else { return };
     if !common::gpu_f16_or_skip(&f16_backend, "f16 KV cache size") {
         return;

@@ -12,6 +12,7 @@ use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, SeqSlice};
 use batch_forge::engine::Engine;
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::{Batch, Gpt2, LogitRows};
+use batch_forge::tensor::KvDtype;
 use batch_forge::tokenizer::Tokenizer;
 use common::*;
 
@@ -96,8 +97,8 @@ fn forward_misuse_is_an_error_on_the_cpu_backends() {
     forward_misuse_is_an_error(&engine("tiny-gpt2"));
     let isas = isas_or_skip();
     for isa in isas {
-        for kv_f16 in [false, true] {
-            forward_misuse_is_an_error(&cpu_engine("tiny-gpt2", CpuOptions { kv_f16, isa, ..Default::default() }));
+        for kv_dtype in [KvDtype::F32, KvDtype::F16] {
+            forward_misuse_is_an_error(&cpu_engine("tiny-gpt2", CpuOptions { kv_dtype, isa, ..Default::default() }));
         }
     }
 }

@@ -29,6 +29,7 @@ use batch_forge::backend::{Backend, SeqSlice, WeightDtype};
 use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_file};
 use batch_forge::engine::Engine;
 use batch_forge::model::{Batch, LogitRows};
+use batch_forge::tensor::KvDtype;
 
 /// Every level this CPU has, best first (each a loud skip where absent; a failure under
 /// `CI=true` where /proc/cpuinfo promises it).
@@ -152,10 +153,10 @@ fn first_difference(a: &Trace, b: &Trace) -> String {
 fn compare(model: &Path, weights: Option<WeightDtype>, decode_steps: usize, batched_steps: usize) -> Vec<String> {
     let mut failures = Vec::new();
     let bf16_weights = weights == Some(WeightDtype::BF16);
-    for kv_f16 in [false, true] {
+    for kv_dtype in [KvDtype::F32, KvDtype::F16] {
         for batch_invariant in [false, true] {
             let trace = |isa: Isa| {
-                let opts = CpuOptions { weight_dtype: weights, kv_f16, isa, batch_invariant };
+                let opts = CpuOptions { weight_dtype: weights, kv_dtype, isa, batch_invariant };
                 let engine = Engine::load(CpuBackend::new(opts).unwrap(), model).unwrap();
                 run(&engine, decode_steps, batched_steps)
             };
@@ -166,7 +167,7 @@ fn compare(model: &Path, weights: Option<WeightDtype>, decode_steps: usize, batc
             for isa in simd_levels() {
                 let got = trace(isa);
                 let what = format!(
-                    "{} (weights {weights:?}, kv_f16 {kv_f16}, batch_invariant {batch_invariant}) on {}",
+                    "{} (weights {weights:?}, kv {kv_dtype}, batch_invariant {batch_invariant}) on {}",
                     model.display(),
                     isa.name()
                 );

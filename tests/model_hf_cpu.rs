@@ -7,10 +7,11 @@ use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::simd::isas_or_skip;
 use batch_forge::backend::cpu::{CpuOptions, Isa};
 use batch_forge::engine::Engine;
+use batch_forge::tensor::KvDtype;
 use common::*;
 
 fn opts(weight_dtype: Option<WeightDtype>, kv_f16: bool, isa: Isa) -> CpuOptions {
-    CpuOptions { weight_dtype, kv_f16, isa, batch_invariant: false }
+    CpuOptions { weight_dtype, kv_dtype: if kv_f16 { KvDtype::F16 } else { KvDtype::F32 }, isa, batch_invariant: false }
 }
 
 #[test]

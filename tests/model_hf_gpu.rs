@@ -7,6 +7,7 @@ mod common;
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::gpu::GpuOptions;
 use batch_forge::engine::Engine;
+use batch_forge::tensor::KvDtype;
 use common::*;
 
 #[test]
@@ -38,7 +39,11 @@ fn gpu_lossy_formats_match_the_reference_fed_the_same_rounded_values() {
         ("f16 KV cache", WeightDtype::F32, true),
         ("f16 weights + f16 KV", WeightDtype::F16, true),
     ] {
-        let o = GpuOptions { weight_dtype: Some(weights), kv_f16, ..Default::default() };
+        let o = GpuOptions {
+            weight_dtype: Some(weights),
+            kv_dtype: if kv_f16 { KvDtype::F16 } else { KvDtype::F32 },
+            ..Default::default()
+        };
         let e = Engine::load(gpu_backend(o).unwrap(), &fixture(ckpt)).unwrap();
         let rounded = RoundedReference::new(weights, kv_f16);
         let r = Engine::load(rounded, &fixture(ckpt)).unwrap();

@@ -19,33 +19,8 @@ use std::ops::Range;
 
 use anyhow::ensure;
 
-use crate::loaders::gguf::GgmlType;
-use crate::loaders::safetensors::TensorView;
-
-/// How the fast backends store weights in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightDtype {
-    F32,
-    F16,
-    BF16,
-}
-
-impl WeightDtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightDtype::F32 => "f32",
-            WeightDtype::F16 => "f16",
-            WeightDtype::BF16 => "bf16",
-        }
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            WeightDtype::F32 => 4,
-            WeightDtype::F16 | WeightDtype::BF16 => 2,
-        }
-    }
-}
+use crate::tensor::{GgmlType, TensorView};
+pub use crate::tensor::{KvDtype, WeightDtype};
 
 /// The size of a KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,7 +307,7 @@ pub fn dequantized_matrix<B: Backend + ?Sized>(
     bytes: &[u8],
 ) -> anyhow::Result<B::Matrix> {
     let values = crate::quant::dequantize(ty, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-    crate::loaders::release(bytes);
+    crate::tensor::release(bytes);
     ensure!(
         Some(values.len()) == n_out.checked_mul(n_in),
         "tensor {name:?}: {} values decoded for a [{n_out}, {n_in}] matrix",
@@ -340,7 +315,7 @@ pub fn dequantized_matrix<B: Backend + ?Sized>(
     );
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let shape = [n_out, n_in];
-    let view = TensorView { name, dtype: crate::loaders::safetensors::Dtype::F32, shape: &shape, bytes: &raw };
+    let view = TensorView { name, dtype: crate::tensor::Dtype::F32, shape: &shape, bytes: &raw };
     backend.load_matrix(&view, MatrixLayout::OutIn)
 }
 

@@ -9,7 +9,7 @@ use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
 use super::{AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention, rope_row};
-use crate::loaders::safetensors::TensorView;
+use crate::tensor::TensorView;
 
 /// Output columns per parallel task in `linear`.
 const COL_BLOCK: usize = 256;

@@ -19,9 +19,10 @@ use batch_forge::engine::{Event, Metrics, Request, SamplingParams, Scheduler, Sc
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows, load_model};
+use batch_forge::tensor::KvDtype;
 
 use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
-use batch_forge::loaders::safetensors::Dtype;
+use batch_forge::tensor::Dtype;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -171,7 +172,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         dtype = ty;
         file_bytes = Some(bytes);
     }
-    if args.backend.kv_dtype == "f16" {
+    if args.backend.kv_dtype == KvDtype::F16 {
         dtype.push_str(" (kv f16)");
     }
     if args.batch_invariant {
@@ -179,7 +180,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut args = args;
     args.backend.batch_invariant = args.batch_invariant;
-    let info = Info { label, dtype, kv: args.backend.kv_dtype.clone(), size_bytes: 0, bytes_per_param, file_bytes };
+    let info =
+        Info { label, dtype, kv: args.backend.kv_dtype.name().to_owned(), size_bytes: 0, bytes_per_param, file_bytes };
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
 }
 

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::CpuOptions;
 use batch_forge::loaders::{self, hub::HubClient};
+use batch_forge::tensor::KvDtype;
 
 /// `forge --version`: the crate version, the git commit it was built from, the features.
 #[cfg(feature = "gpu")]
@@ -100,8 +101,8 @@ pub struct BackendArgs {
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// KV-cache storage (cpu and gpu; f16 on the gpu needs shader-f16).
-    #[arg(long, value_parser = ["f32", "f16"], default_value = "f32")]
-    pub kv_dtype: String,
+    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    pub kv_dtype: KvDtype,
     /// Batch-invariant cpu kernels (set by `serve`, not a flag).
     #[arg(skip)]
     pub batch_invariant: bool,
@@ -138,13 +139,13 @@ impl BackendArgs {
         };
         if self.backend == BackendChoice::Reference {
             anyhow::ensure!(
-                self.dtype == DtypeChoice::Auto && self.kv_dtype == "f32",
+                self.dtype == DtypeChoice::Auto && self.kv_dtype == KvDtype::F32,
                 "the reference backend computes in f32 only; --dtype and --kv-dtype apply to --backend cpu"
             );
         }
         Ok(CpuOptions {
             weight_dtype,
-            kv_f16: self.kv_dtype == "f16",
+            kv_dtype: self.kv_dtype,
             batch_invariant: self.batch_invariant,
             ..CpuOptions::default()
         })
@@ -155,7 +156,7 @@ impl BackendArgs {
         let cpu = self.cpu_options()?;
         Ok(batch_forge::backend::gpu::GpuOptions {
             weight_dtype: cpu.weight_dtype,
-            kv_f16: cpu.kv_f16,
+            kv_dtype: cpu.kv_dtype,
             batch_invariant: cpu.batch_invariant,
             ..Default::default()
         })
@@ -382,14 +383,14 @@ pub fn drop_trailing_newline(mut s: String) -> String {
 /// How the checkpoint stores its weights: the widest float dtype of its tensors (a
 /// narrower `--dtype` rounds at least those). Block-quantized GGUF tensors are decoded to
 /// f32, so they count as f32.
-pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::loaders::safetensors::Dtype {
+pub fn stored_dtype(store: &batch_forge::loaders::WeightStore) -> batch_forge::tensor::Dtype {
     widest_float(store.tensors().map(|t| t.dtype))
 }
 
 /// [`stored_dtype`] of a model folder or a GGUF file.
-pub fn stored_dtype_at(path: &std::path::Path) -> anyhow::Result<batch_forge::loaders::safetensors::Dtype> {
+pub fn stored_dtype_at(path: &std::path::Path) -> anyhow::Result<batch_forge::tensor::Dtype> {
     use batch_forge::loaders::gguf::{GgmlType, GgufFile};
-    use batch_forge::loaders::safetensors::Dtype;
+    use batch_forge::tensor::Dtype;
     if batch_forge::model::load::is_gguf(path) {
         let file = GgufFile::open(path)?;
         // The float type holding most matrix bytes: GGUF writers keep norms, biases and
@@ -409,10 +410,8 @@ pub fn stored_dtype_at(path: &std::path::Path) -> anyhow::Result<batch_forge::lo
     Ok(stored_dtype(&batch_forge::loaders::WeightStore::open_dir(path)?))
 }
 
-fn widest_float(
-    dtypes: impl Iterator<Item = batch_forge::loaders::safetensors::Dtype>,
-) -> batch_forge::loaders::safetensors::Dtype {
-    use batch_forge::loaders::safetensors::Dtype;
+fn widest_float(dtypes: impl Iterator<Item = batch_forge::tensor::Dtype>) -> batch_forge::tensor::Dtype {
+    use batch_forge::tensor::Dtype;
     let dtypes: Vec<Dtype> = dtypes.collect();
     [Dtype::F64, Dtype::F32, Dtype::F16, Dtype::BF16]
         .into_iter()

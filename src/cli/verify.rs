@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use batch_forge::backend::Backend;
 use batch_forge::engine::Engine;
 use batch_forge::loaders::DEFAULT_MODEL;
+use batch_forge::tensor::KvDtype;
 use batch_forge::verify::{Reference, Verification, tolerance, verify};
 
 use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
@@ -35,8 +36,8 @@ pub struct VerifyArgs {
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     dtype: DtypeChoice,
     /// KV-cache storage (cpu and gpu).
-    #[arg(long, value_parser = ["f32", "f16"], default_value = "f32")]
-    kv_dtype: String,
+    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    kv_dtype: KvDtype,
     /// Override the normalised-error tolerance of every stage.
     #[arg(long, value_name = "X")]
     tolerance: Option<f64>,
@@ -78,7 +79,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         let b = BackendArgs {
             backend,
             dtype: if plain { DtypeChoice::Auto } else { args.dtype },
-            kv_dtype: if plain { "f32".into() } else { args.kv_dtype.clone() },
+            kv_dtype: if plain { KvDtype::F32 } else { args.kv_dtype },
             batch_invariant: false,
         };
         // With `all`, a backend that cannot run these flags (gpu and bf16, a build
@@ -95,9 +96,8 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let stored = super::stored_dtype_at(&dir)?;
     let quantized = super::bench::quantized_summary(&dir)?.map(|(ty, _)| ty);
     for r in &mut runs {
-        let kv_f16 = r.args.kv_dtype == "f16";
         let weights = r.args.cpu_options()?.weight_dtype;
-        r.tolerance = args.tolerance.unwrap_or_else(|| tolerance::for_run(stored, weights, kv_f16));
+        r.tolerance = args.tolerance.unwrap_or_else(|| tolerance::for_run(stored, weights, r.args.kv_dtype));
         let mut dtype = match r.args.dtype {
             DtypeChoice::Auto => stored.name().to_ascii_lowercase(),
             d => format!("{d:?}").to_ascii_lowercase(),

@@ -25,7 +25,7 @@ use crate::loaders::WeightStore;
 use crate::loaders::config::Gpt2Config;
 use crate::loaders::gguf::{GgmlType, MetaValue};
 use crate::loaders::llama_config::LlamaConfig;
-use crate::loaders::safetensors::Dtype;
+use crate::tensor::Dtype;
 
 enum Arch {
     Llama(LlamaConfig),

@@ -12,6 +12,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::Backing;
+pub use crate::tensor::{Dtype, TensorView};
 
 use serde_json::Value;
 
@@ -26,80 +27,6 @@ pub struct SafetensorsError {
 }
 
 type Result<T> = std::result::Result<T, SafetensorsError>;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dtype {
-    Bool,
-    U8,
-    I8,
-    F8E5M2,
-    F8E4M3,
-    I16,
-    U16,
-    F16,
-    BF16,
-    I32,
-    U32,
-    F32,
-    F64,
-    I64,
-    U64,
-}
-
-impl Dtype {
-    pub fn parse(s: &str) -> Option<Dtype> {
-        use Dtype::*;
-        Some(match s {
-            "BOOL" => Bool,
-            "U8" => U8,
-            "I8" => I8,
-            "F8_E5M2" => F8E5M2,
-            "F8_E4M3" => F8E4M3,
-            "I16" => I16,
-            "U16" => U16,
-            "F16" => F16,
-            "BF16" => BF16,
-            "I32" => I32,
-            "U32" => U32,
-            "F32" => F32,
-            "F64" => F64,
-            "I64" => I64,
-            "U64" => U64,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        use Dtype::*;
-        match self {
-            Bool => "BOOL",
-            U8 => "U8",
-            I8 => "I8",
-            F8E5M2 => "F8_E5M2",
-            F8E4M3 => "F8_E4M3",
-            I16 => "I16",
-            U16 => "U16",
-            F16 => "F16",
-            BF16 => "BF16",
-            I32 => "I32",
-            U32 => "U32",
-            F32 => "F32",
-            F64 => "F64",
-            I64 => "I64",
-            U64 => "U64",
-        }
-    }
-
-    pub fn size(self) -> usize {
-        use Dtype::*;
-        match self {
-            Bool | U8 | I8 | F8E5M2 | F8E4M3 => 1,
-            I16 | U16 | F16 | BF16 => 2,
-            I32 | U32 | F32 => 4,
-            F64 | I64 | U64 => 8,
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
@@ -205,50 +132,6 @@ pub fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> {
         return Err(format!("data buffer is {data_len} bytes but the tensors cover {cursor}"));
     }
     Ok(Header { tensors, metadata, data_start: header_end })
-}
-
-/// A borrowed tensor: dtype, shape and its little-endian bytes (any alignment).
-#[derive(Clone, Copy, Debug)]
-pub struct TensorView<'a> {
-    pub name: &'a str,
-    pub dtype: Dtype,
-    pub shape: &'a [usize],
-    pub bytes: &'a [u8],
-}
-
-impl TensorView<'_> {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// Convert F32/F16/BF16 data to f32.
-    pub fn to_f32(&self) -> std::result::Result<Vec<f32>, String> {
-        let b = self.bytes;
-        Ok(match self.dtype {
-            Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4"))).collect(),
-            Dtype::F16 => {
-                b.chunks_exact(2).map(|c| half::f16::from_le_bytes(c.try_into().expect("2")).to_f32()).collect()
-            }
-            Dtype::BF16 => {
-                b.chunks_exact(2).map(|c| half::bf16::from_le_bytes(c.try_into().expect("2")).to_f32()).collect()
-            }
-            other => {
-                return Err(format!("tensor {:?} has dtype {}, expected F32, F16 or BF16", self.name, other.name()));
-            }
-        })
-    }
-
-    /// Convert integer data to i64.
-    pub fn to_i64(&self) -> std::result::Result<Vec<i64>, String> {
-        let b = self.bytes;
-        Ok(match self.dtype {
-            Dtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8"))).collect(),
-            Dtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4")) as i64).collect(),
-            other => {
-                return Err(format!("tensor {:?} has dtype {}, expected an integer type", self.name, other.name()));
-            }
-        })
-    }
 }
 
 /// One safetensors file, validated, with zero-copy access to its tensors.

@@ -27,8 +27,8 @@ use serde::Deserialize;
 use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
 use crate::loaders::gguf::GgufFile;
-use crate::loaders::safetensors::{Dtype, TensorView};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
+use crate::tensor::{Dtype, TensorView};
 
 /// Larger models are refused before any allocation.
 const MAX_DIM: usize = 1 << 20;

@@ -24,8 +24,8 @@ use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
 use crate::loaders::llama_config::LlamaVariant;
-use crate::loaders::safetensors::{Dtype, TensorView};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
+use crate::tensor::{Dtype, TensorView};
 
 struct Block<B: Backend> {
     attn_norm: B::Vector,

@@ -18,7 +18,7 @@
 
 use half::f16;
 
-use crate::loaders::gguf::GgmlType;
+use crate::tensor::GgmlType;
 
 /// The formats [`quantize`] writes: every format [`super::dequantize`] decodes.
 pub const WRITABLE: [GgmlType; 11] = super::SUPPORTED;

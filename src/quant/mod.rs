@@ -23,7 +23,7 @@ pub mod encode;
 
 use half::f16;
 
-use crate::loaders::gguf::GgmlType;
+use crate::tensor::GgmlType;
 
 /// f16 → f32, exact; a NaN keeps its payload and signalling bit (as numpy's cast does;
 /// the `half` crate quiets it).

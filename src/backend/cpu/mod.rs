@@ -26,8 +26,9 @@ use super::{
     AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention,
     check_qk_norm, dequantized_matrix, rope_row,
 };
-use crate::loaders::gguf::GgmlType;
-use crate::loaders::safetensors::{Dtype, TensorView};
+use crate::tensor::GgmlType;
+use crate::tensor::KvDtype;
+use crate::tensor::{Dtype, TensorView};
 pub use matmul::PackedMatrix;
 use matmul::{Causal, Epilogue, matmul, matmul_batch_invariant, matmul_causal};
 pub use qmatmul::QMatrix;
@@ -39,7 +40,7 @@ pub struct CpuOptions {
     /// Weight storage; `None` keeps the file's dtype (f32, f16 or bf16).
     pub weight_dtype: Option<WeightDtype>,
     /// Store the KV cache as f16 (half the memory and attention bandwidth).
-    pub kv_f16: bool,
+    pub kv_dtype: KvDtype,
     pub isa: Isa,
     /// Batch invariance (what the server runs with): every row of a forward call is
     /// computed in the same order whatever else is in the batch and however a prompt is
@@ -51,7 +52,7 @@ pub struct CpuOptions {
 
 impl Default for CpuOptions {
     fn default() -> Self {
-        CpuOptions { weight_dtype: None, kv_f16: false, isa: Isa::detect(), batch_invariant: false }
+        CpuOptions { weight_dtype: None, kv_dtype: KvDtype::F32, isa: Isa::detect(), batch_invariant: false }
     }
 }
 
@@ -429,7 +430,7 @@ impl Backend for CpuBackend {
             MatrixLayout::InOut => {
                 // Each panel reads a column strip of every row: the source is done at the end.
                 let m = PackedMatrix::pack_with(rows, cols, dtype, |k, j| at(k * cols + j), |_| {});
-                crate::loaders::release(b);
+                crate::tensor::release(b);
                 m
             }
             MatrixLayout::OutIn => PackedMatrix::pack_with(
@@ -437,7 +438,7 @@ impl Backend for CpuBackend {
                 rows,
                 dtype,
                 |k, j| at(j * cols + k),
-                |done| crate::loaders::release(&b[done.start * cols * size..done.end * cols * size]),
+                |done| crate::tensor::release(&b[done.start * cols * size..done.end * cols * size]),
             ),
         }))
     }
@@ -458,7 +459,7 @@ impl Backend for CpuBackend {
     ) -> anyhow::Result<CpuMatrix> {
         match QType::from_ggml(ty) {
             Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
-                let m = QMatrix::new_with(q, n_out, n_in, bytes, crate::loaders::release)
+                let m = QMatrix::new_with(q, n_out, n_in, bytes, crate::tensor::release)
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }
@@ -467,18 +468,18 @@ impl Backend for CpuBackend {
                 let q8 = crate::quant::to_q8_0(ty, bytes)
                     .unwrap_or_else(|| Err("not transcodable".into()))
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-                crate::loaders::release(bytes);
+                crate::tensor::release(bytes);
                 let m = QMatrix::new_with(QType::Q8_0, n_out, n_in, &q8, |_| {})
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }
             None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => {
-                let m = QMatrix::from_q4_k_with(n_out, n_in, bytes, crate::loaders::release)
+                let m = QMatrix::from_q4_k_with(n_out, n_in, bytes, crate::tensor::release)
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }
             None if ty == GgmlType::Q6K && self.opts.weight_dtype.is_none() => {
-                let m = QMatrix::from_q6_k_with(n_out, n_in, bytes, crate::loaders::release)
+                let m = QMatrix::from_q6_k_with(n_out, n_in, bytes, crate::tensor::release)
                     .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
             }
@@ -496,7 +497,7 @@ impl Backend for CpuBackend {
                     n_out,
                     n_in,
                     |j| crate::quant::dequantize(ty, &bytes[j * row_bytes..(j + 1) * row_bytes]).unwrap_or_default(),
-                    |rows| crate::loaders::release(&bytes[rows.start * row_bytes..rows.end * row_bytes]),
+                    |rows| crate::tensor::release(&bytes[rows.start * row_bytes..rows.end * row_bytes]),
                 )
                 .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
                 Ok(CpuMatrix::Quant(m))
@@ -536,7 +537,7 @@ impl Backend for CpuBackend {
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<CpuKvCache> {
         let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
         let store = || -> anyhow::Result<KvStore> {
-            Ok(if self.opts.kv_f16 {
+            Ok(if self.opts.kv_dtype == KvDtype::F16 {
                 KvStore::F16(super::kv_zeros(n, f16::ZERO, n_layer)?)
             } else {
                 KvStore::F32(super::kv_zeros(n, 0.0, n_layer)?)

@@ -44,7 +44,7 @@ use rayon::prelude::*;
 
 use super::simd::Isa;
 use super::weights::WeightBuf;
-use crate::loaders::gguf::GgmlType;
+use crate::tensor::GgmlType;
 
 /// Values per block, for every type here.
 pub const QK: usize = 32;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 
-use crate::loaders::gguf::GgmlType;
+use crate::tensor::GgmlType;
 
 /// (file name, source) of each kernel family.
 const FILES: [(&str, &str); 6] = [

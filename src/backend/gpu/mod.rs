@@ -30,8 +30,9 @@ use super::WeightDtype;
 use super::{
     AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice, check_attention,
 };
-use crate::loaders::gguf::GgmlType;
-use crate::loaders::safetensors::{Dtype, TensorView};
+use crate::tensor::GgmlType;
+use crate::tensor::KvDtype;
+use crate::tensor::{Dtype, TensorView};
 use kernels::{Kernel, Kernels, QuantKernels};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,7 +43,7 @@ pub struct GpuOptions {
     /// Which decode GEMV kernel to use.
     pub gemv: GemvKernel,
     /// Store the KV cache in f16 (needs shader-f16).
-    pub kv_f16: bool,
+    pub kv_dtype: KvDtype,
     /// How long a read-back waits for the device before it gives up with an error
     /// (`None`: [`DEFAULT_POLL_TIMEOUT`], or `BATCH_FORGE_GPU_TIMEOUT_S` seconds).
     pub poll_timeout: Option<std::time::Duration>,
@@ -183,9 +184,13 @@ impl GpuBackend {
     pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> anyhow::Result<Self> {
         Self::check_options(&opts)?;
         let info = adapter.get_info();
-        let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_f16;
+        let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_dtype == KvDtype::F16;
         let (device, queue, f16, subgroups) = device::request_device(adapter, want_f16)?;
-        ensure!(f16 || !opts.kv_f16, "--kv-dtype f16 needs shader-f16, which {} does not have", info.name);
+        ensure!(
+            f16 || opts.kv_dtype != KvDtype::F16,
+            "--kv-dtype f16 needs shader-f16, which {} does not have",
+            info.name
+        );
         let errors: Arc<Mutex<Option<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -825,7 +830,7 @@ impl Backend for GpuBackend {
             let n = chunk_rows.min(n_out - row0);
             let part = &bytes[row0 * row_bytes..(row0 + n) * row_bytes];
             chunks.push(Chunk { buffer: self.weight_buffer(part), row0, rows: n });
-            crate::loaders::release(part);
+            crate::tensor::release(part);
         }
         self.check().with_context(|| format!("uploading {name}"))?;
         Ok(GpuMatrix { rows: n_out, cols: n_in, dtype: WeightDtype::F32, quant: Some(q), chunks })
@@ -839,7 +844,7 @@ impl Backend for GpuBackend {
 
     fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<GpuKvCache> {
         // Keys and values of one layer in one buffer, 2 or 4 bytes a value.
-        let elem = if self.opts.kv_f16 { 2 } else { 4 };
+        let elem = self.opts.kv_dtype.size();
         let bytes = capacity
             .checked_mul(2)
             .and_then(|n| n.checked_mul(width))
@@ -864,7 +869,13 @@ impl Backend for GpuBackend {
             })
             .collect();
         self.check()?;
-        Ok(GpuKvCache { layers, f16: self.opts.kv_f16, capacity, width, bind_groups: self.bind_groups.clone() })
+        Ok(GpuKvCache {
+            layers,
+            f16: self.opts.kv_dtype == KvDtype::F16,
+            capacity,
+            width,
+            bind_groups: self.bind_groups.clone(),
+        })
     }
 
     fn copy_kv_prefix(&self, src: &GpuKvCache, dst: &mut GpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
