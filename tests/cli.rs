@@ -1049,3 +1049,68 @@ fn devices_and_bench_name_the_cpu_kernels() {
         );
     }
 }
+
+/// `forge generate`'s sampling defaults are `SamplingParams::default()` (the server's
+/// API defaults too, tested in serve.rs), its penalties are the engine's, and `--stop`
+/// cuts the text where a stop string begins, streamed or as JSON.
+#[test]
+fn generate_sampling_defaults_penalties_and_stop_strings() {
+    let model = fixture("tiny-gpt2");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["generate", "-m", m, "-p", "Hello world", "-n", "16", "--ignore-eos", "--json"];
+        args.extend_from_slice(extra);
+        let o = forge(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let engine = cpu_engine("tiny-gpt2", Default::default());
+    let prompt = engine.prompt_ids("Hello world");
+    let in_process = |sampling: SamplingParams| -> Vec<u32> {
+        let params = GenerateParams { ignore_eos: true, sampling, ..GenerateParams::greedy(16) };
+        engine.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids
+    };
+    let defaults = run(&["-s", "5"]);
+    assert_eq!(ids(&defaults["generated_ids"]), in_process(SamplingParams { seed: 5, ..Default::default() }));
+    assert_ne!(
+        ids(&defaults["generated_ids"]),
+        in_process(SamplingParams {
+            seed: 5,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        }),
+        "the defaults must matter for this check to mean anything"
+    );
+    let penalized = run(&["--temp", "0", "--presence-penalty", "1.5", "--frequency-penalty", "-0.5"]);
+    let want = SamplingParams { presence_penalty: 1.5, frequency_penalty: -0.5, ..SamplingParams::greedy() };
+    assert_eq!(ids(&penalized["generated_ids"]), in_process(want));
+    assert_ne!(ids(&penalized["generated_ids"]), in_process(SamplingParams::greedy()), "the penalties take effect");
+
+    // --stop: the greedy text up to where the stop string first begins.
+    let greedy = run(&["--temp", "0"]);
+    let text = greedy["text"].as_str().unwrap().to_owned();
+    let at = (6..text.len() - 4).find(|&i| text.is_char_boundary(i) && text.is_char_boundary(i + 3)).unwrap();
+    let stop = &text[at..at + 3];
+    let cut = text.find(stop).unwrap();
+    let stopped = run(&["--temp", "0", "--stop", "never seen", "--stop", stop]);
+    assert_eq!(stopped["text"], text[..cut], "stop {stop:?}");
+    assert_eq!(stopped["stop_reason"], "stop");
+    let o =
+        forge(&["generate", "-m", m, "-p", "Hello world", "-n", "16", "--ignore-eos", "--temp", "0", "--stop", stop]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("{}\n", &text[..cut]), "streamed");
+
+    for (args, want) in [
+        (&["--presence-penalty", "3"][..], "presence-penalty must be in [-2, 2]"),
+        (&["--frequency-penalty", "-2.5"][..], "frequency-penalty must be in [-2, 2]"),
+        (&["--stop", "a", "--stop", "b", "--stop", "c", "--stop", "d", "--stop", "e"][..], "at most 4 --stop"),
+        (&["--stop", ""][..], "must not be empty"),
+    ] {
+        let mut all = vec!["generate", "-m", m, "-p", "hi", "-n", "2"];
+        all.extend_from_slice(args);
+        assert_clean_error(&forge(&all), want);
+    }
+}

@@ -621,6 +621,40 @@ fn streaming_and_stop_strings() {
     assert_eq!(joined, format!("Hello world{text}"));
 }
 
+/// The API's sampling fields mean what the CLI's flags mean: unset fields take
+/// `SamplingParams::default()` (llama.cpp's defaults, as `forge generate`), and OpenAI's
+/// penalties are the engine's. Checked against the engine in process, with the server's
+/// batch-invariant kernels, so the comparison is exact.
+#[test]
+fn sampling_fields_mean_what_the_cli_means() {
+    use batch_forge::engine::{GenerateParams, SamplingParams};
+    let s = Server::start(&fixture("tiny-gpt2"), &[]);
+    let opts = batch_forge::backend::cpu::CpuOptions { batch_invariant: true, ..Default::default() };
+    let engine = batch_forge::engine::Engine::load(
+        batch_forge::backend::cpu::CpuBackend::new(opts).unwrap(),
+        &fixture("tiny-gpt2"),
+    )
+    .unwrap();
+    let prompt = engine.prompt_ids("Hello world");
+    let text = |sampling: SamplingParams| {
+        let params = GenerateParams { ignore_eos: true, sampling, ..GenerateParams::greedy(16) };
+        engine.tokenizer.decode(&engine.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids).unwrap()
+    };
+    let answer = |extra: Value| {
+        let mut body = json!({"prompt": "Hello world", "max_tokens": 16, "ignore_eos": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        s.ok("/v1/completions", &body)["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let defaults = answer(json!({"seed": 5}));
+    assert_eq!(defaults, text(SamplingParams { seed: 5, ..Default::default() }));
+    let openai = SamplingParams { seed: 5, temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() };
+    assert_ne!(defaults, text(openai), "the defaults must matter for this check to mean anything");
+    let penalized = answer(json!({"temperature": 0, "presence_penalty": 1.5, "frequency_penalty": -0.5}));
+    let want = SamplingParams { presence_penalty: 1.5, frequency_penalty: -0.5, ..SamplingParams::greedy() };
+    assert_eq!(penalized, text(want));
+    assert_ne!(penalized, text(SamplingParams::greedy()), "the penalties take effect");
+}
+
 /// A chat model (the Llama fixture with a ChatML template): the answer equals what the
 /// engine generates from the template's prompt, streamed deltas join to it, and the
 /// chat logprobs shape is OpenAI's.

@@ -31,7 +31,8 @@ fn parse_seed(s: &str) -> Result<Seed, String> {
         .map_err(|_| format!("{s:?} is not a seed: use 0 to 2^64-1, or -1 for a random one"))
 }
 
-/// Sampling flags, shared by `generate` and `chat` (llama.cpp's names and defaults).
+/// Sampling flags, shared by `generate` and `chat`: llama.cpp's names, and the defaults
+/// of [`SamplingParams::default`], which the server's API shares.
 #[derive(Args)]
 pub struct SamplingArgs {
     /// Always take the most likely token (same as --temp 0).
@@ -42,21 +43,22 @@ pub struct SamplingArgs {
         long = "temp",
         visible_alias = "temperature",
         value_name = "T",
-        default_value_t = 0.8,
+        default_value_t = SamplingParams::default().temperature,
         allow_negative_numbers = true
     )]
     temperature: f32,
     /// Sample among the K most likely tokens only; 0 turns the cut off.
-    #[arg(long, value_name = "K", default_value_t = 40)]
+    #[arg(long, value_name = "K", default_value_t = SamplingParams::default().top_k)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches P, in (0, 1]; 1 = off.
-    #[arg(long, value_name = "P", default_value_t = 0.95, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = SamplingParams::default().top_p, allow_negative_numbers = true)]
     top_p: f32,
     /// Drop tokens less likely than P times the most likely one, P in [0, 1]; 0 = off.
-    #[arg(long, value_name = "P", default_value_t = 0.05, allow_negative_numbers = true)]
+    #[arg(long, value_name = "P", default_value_t = SamplingParams::default().min_p, allow_negative_numbers = true)]
     min_p: f32,
     /// Penalize tokens seen in the last --repeat-last-n (prompt included); 1 = off.
-    #[arg(long, value_name = "X", default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, value_name = "X", default_value_t = SamplingParams::default().repeat_penalty,
+          allow_negative_numbers = true)]
     repeat_penalty: f32,
     /// How many recent tokens the repeat penalty considers; 0 = off, -1 = the whole context.
     #[arg(long, value_name = "N", default_value_t = 64, allow_negative_numbers = true,

@@ -574,6 +574,38 @@ mod tests {
         assert_eq!(s.sample(&logits), 0);
     }
 
+    /// OpenAI's penalties: `presence` once per generated token, `frequency` per
+    /// occurrence; prompt tokens never count; out of [-2, 2] is refused.
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai() {
+        let logits = [2.0, 1.8, 0.0];
+        let presence = SamplingParams { presence_penalty: 0.5, ..SamplingParams::greedy() };
+        assert!(!presence.is_argmax(), "a penalty needs the logits on the host");
+        let mut s = Sampler::new(presence).unwrap();
+        s.accept(&[0, 0, 0]); // the prompt: not counted
+        assert_eq!(s.sample(&logits), 0);
+        s.accept_generated(0); // 2.0 - 0.5 = 1.5 < 1.8
+        assert_eq!(s.sample(&logits), 1);
+        s.accept_generated(1); // 1.8 - 0.5 = 1.3 < 1.5
+        assert_eq!(s.sample(&logits), 0);
+        let frequency = SamplingParams { frequency_penalty: 0.15, ..SamplingParams::greedy() };
+        let mut s = Sampler::new(frequency).unwrap();
+        s.accept_generated(0); // 2.0 - 0.15 = 1.85 > 1.8
+        assert_eq!(s.sample(&logits), 0);
+        s.accept_generated(0); // 2.0 - 0.3 = 1.7 < 1.8
+        assert_eq!(s.sample(&logits), 1);
+        // A negative penalty favours repeats.
+        let mut s = Sampler::new(SamplingParams { presence_penalty: -2.0, ..SamplingParams::greedy() }).unwrap();
+        s.accept_generated(2); // 0.0 + 2.0 = 2.0: ties with token 0, the lower id wins
+        assert_eq!(s.sample(&logits), 0);
+        s.accept_generated(1); // 1.8 + 2.0 = 3.8
+        assert_eq!(s.sample(&logits), 1);
+        for bad in [2.5, -2.01, f32::NAN, f32::INFINITY] {
+            assert!(Sampler::new(SamplingParams { presence_penalty: bad, ..SamplingParams::greedy() }).is_err());
+            assert!(Sampler::new(SamplingParams { frequency_penalty: bad, ..SamplingParams::greedy() }).is_err());
+        }
+    }
+
     #[test]
     fn the_penalty_applies_when_sampling_too() {
         // Token 0 leads by 1.0 (p = 0.576); a penalty of 100 turns its logit into 0.02:

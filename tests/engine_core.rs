@@ -1,0 +1,161 @@
+//! The engine core (the scheduler every command runs on), where a request's KV cache
+//! starts small and grows: a sequence that outgrows its first cache, and a conversation
+//! whose pinned cache grows between turns, give the very bits of a run whose cache was
+//! large enough from the start.
+
+mod common;
+
+use std::sync::Arc;
+
+use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
+use batch_forge::engine::logprobs::token_logprobs;
+use batch_forge::engine::scheduler::INITIAL_SLACK;
+use batch_forge::engine::{Engine, Event, GenerateParams, Metrics, Request, SamplingParams, SchedulerConfig};
+use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
+use batch_forge::model::Gpt2;
+use batch_forge::model::random::random_checkpoint;
+use batch_forge::tokenizer::Tokenizer;
+use common::fixture;
+
+/// A random GPT-2 with a context of 900 positions (the fixtures have 128 at most, less
+/// than a cache's first allocation), GPT-2's vocabulary and tokenizer.
+fn long_context_engine() -> Engine<CpuBackend> {
+    let config = Gpt2Config {
+        vocab_size: 50257,
+        n_positions: 900,
+        n_embd: 32,
+        n_layer: 2,
+        n_head: 2,
+        n_inner: 128,
+        layer_norm_epsilon: 1e-5,
+        scale_attn_by_inverse_layer_idx: false,
+        bos_token_id: 50256,
+        eos_token_id: 50256,
+    };
+    let backend = CpuBackend::new(CpuOptions::default()).unwrap();
+    let store = WeightStore::from_bytes("random", random_checkpoint(&config, 7)).unwrap();
+    let model = Gpt2::load(&backend, config, &Weights::Safetensors(store)).unwrap();
+    Engine {
+        backend,
+        model: Box::new(model),
+        tokenizer: Tokenizer::from_dir(&fixture("tiny-gpt2")).unwrap(),
+        chat_template: None,
+        chat_template_error: None,
+        end_of_generation: vec![50256],
+    }
+}
+
+/// (token, logprob bits) of each request, run together on one scheduler.
+fn run(engine: &Engine<CpuBackend>, config: SchedulerConfig, requests: Vec<Request>) -> Vec<Vec<(u32, u64)>> {
+    let mut s = batch_forge::engine::Scheduler::new(
+        &engine.backend,
+        &*engine.model,
+        config,
+        Vec::new(),
+        Arc::new(Metrics::default()),
+    );
+    let mut got = vec![Vec::new(); requests.len()];
+    for r in requests {
+        s.add(r);
+    }
+    let mut events = Vec::new();
+    while s.busy() {
+        s.step(&mut events);
+        for (id, e) in events.drain(..) {
+            match e {
+                Event::Token { id: t, logprobs } => got[id as usize].push((t, logprobs.unwrap().logprob.to_bits())),
+                Event::Failed(e) => panic!("request {id}: {e}"),
+                _ => {}
+            }
+        }
+    }
+    got
+}
+
+fn request(id: u64, prompt: &[u32], max_tokens: usize, seed: u64) -> Request {
+    let sampling = SamplingParams { seed, ..SamplingParams::default() };
+    let mut r = Request::new(id, prompt.to_vec(), max_tokens, sampling);
+    r.ignore_eos = true;
+    r.logprobs = Some(0);
+    r
+}
+
+/// A sequence of 600 tokens outgrows its first cache (prompt + 256 positions) twice,
+/// beside one that never does; each token and log-probability equals, bit for bit, a
+/// run short enough to fit its first cache, and a run that reserved a cache for all
+/// of it (one sequence alone; batch-invariant kernels, so batching changes nothing).
+#[test]
+fn a_growing_cache_changes_no_bit() {
+    let e = long_context_engine();
+    let prompt: Vec<u32> = (0..9).map(|i| 1000 + 37 * i).collect();
+    let short = INITIAL_SLACK - 10; // fits the first cache
+    let long = 600;
+    let config = |parallel| SchedulerConfig {
+        parallel,
+        ctx_size: 2048,
+        batch_tokens: 64,
+        prefix_cache: false,
+        step_delay: std::time::Duration::ZERO,
+    };
+    let opts = CpuOptions { batch_invariant: true, ..Default::default() };
+    let e = Engine { backend: CpuBackend::new(opts).unwrap(), ..e };
+    let together = run(&e, config(2), vec![request(0, &prompt, long, 3), request(1, &prompt, short, 4)]);
+    assert_eq!(together[0].len(), long);
+    let alone_short = run(&e, config(1), vec![request(0, &prompt, short, 3)]);
+    assert_eq!(together[0][..short], alone_short[0][..], "the tokens before the first growth");
+    let other = run(&e, config(1), vec![request(0, &prompt, short, 4)]);
+    assert_eq!(together[1], other[0], "the sequence beside a growing one");
+    // The same 600 tokens from Engine::generate, whose one request reserves them all.
+    let params = GenerateParams {
+        max_new_tokens: long,
+        sampling: SamplingParams { seed: 3, ..SamplingParams::default() },
+        ignore_eos: true,
+        max_context: None,
+        logprobs: Some(0),
+    };
+    let g = e.generate(&prompt, &params, |_| Ok(())).unwrap();
+    let whole: Vec<(u32, u64)> =
+        g.generated_ids.iter().zip(&g.logprobs).map(|(&t, lp)| (t, lp.logprob.to_bits())).collect();
+    assert_eq!(together[0], whole, "all 600 tokens, growth included");
+    // And from one prefill of the whole text into a cache that never grows: every
+    // generated token's log-probability, bit for bit (a prefill row equals a decode row
+    // with these kernels).
+    let mut text = prompt.clone();
+    text.extend(together[0][..long - 1].iter().map(|&(t, _)| t));
+    let logits = e.logits_all(&text).unwrap();
+    for (k, &(t, bits)) in together[0].iter().enumerate() {
+        let lp = token_logprobs(logits.row(prompt.len() - 1 + k), t, 0);
+        assert_eq!(lp.logprob.to_bits(), bits, "token {k}");
+    }
+}
+
+/// A conversation's cache stays pinned between turns and grows when a turn needs more:
+/// each turn reuses every cached position and generates what a fresh run on the whole
+/// conversation generates.
+#[test]
+fn a_session_grows_and_changes_nothing() {
+    let e = long_context_engine();
+    let mut session = e.new_session(899).unwrap();
+    let params = |n, seed| GenerateParams {
+        max_new_tokens: n,
+        sampling: SamplingParams { seed, ..SamplingParams::default() },
+        ignore_eos: true,
+        max_context: None,
+        logprobs: None,
+    };
+    let mut conversation: Vec<u32> = (0..7).map(|i| 2000 + 11 * i).collect();
+    for (turn, n) in [(0u64, 40), (1, 300), (2, 280)] {
+        let g = e.generate_in(&mut session, &conversation, &params(n, turn), |_| Ok(())).unwrap();
+        let fresh = e.generate(&conversation, &params(n, turn), |_| Ok(())).unwrap();
+        assert_eq!(g.generated_ids, fresh.generated_ids, "turn {turn}");
+        // Every position but the last generated token's (never fed) and the new message's.
+        let reused = if turn == 0 { 0 } else { conversation.len() - 5 };
+        assert_eq!(g.reused_prompt_tokens, reused, "turn {turn}");
+        conversation.extend(&g.generated_ids);
+        conversation.extend([5, 6, 7, 8]); // the next user message
+    }
+    // Cleared: nothing is reused.
+    session.clear();
+    let g = e.generate_in(&mut session, &conversation[..20], &params(3, 9), |_| Ok(())).unwrap();
+    assert_eq!(g.reused_prompt_tokens, 0);
+}
