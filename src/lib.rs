@@ -9,11 +9,15 @@
 //!   interface the engine drives them through.
 //! - [`backend`]: the backend interface and its implementations: the reference
 //!   (plain Rust), the fast CPU backend (SIMD, threads) and the GPU backend (WGSL).
-//! - [`engine`]: KV caches, prefill/decode loop, sampling, lockstep comparison.
+//! - [`engine`]: the engine core: the scheduler every command generates with (continuous
+//!   batching, prefix cache, sessions), the sampler, scoring, lockstep comparison.
 //! - [`compare`]: NaN-propagating error measures shared by the tests and the engine.
+//! - [`rng`]: SplitMix64, the same numbers on every platform.
 //! - [`quant`]: GGUF block formats, decoded to f32 (the reference for quantized kernels).
 //! - [`verify`]: a model, stage by stage, against a Hugging Face reference dump.
-//! - [`serve`]: the OpenAI-compatible HTTP server over a continuous-batching scheduler.
+//! - [`serve`]: the OpenAI-compatible HTTP server over the engine's scheduler.
+//!
+//! `docs/architecture.md` draws the floors and the arrows between them.
 
 pub mod backend;
 pub mod chat;
@@ -23,6 +27,7 @@ pub mod engine;
 pub mod loaders;
 pub mod model;
 pub mod quant;
+pub mod rng;
 pub mod serve;
 pub mod tensor;
 pub mod tokenizer;

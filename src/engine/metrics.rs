@@ -1,4 +1,5 @@
-//! Server counters and latency histograms, rendered as Prometheus text for `GET /metrics`.
+//! The engine's counters and latency histograms (the scheduler updates them), rendered
+//! as Prometheus text for `GET /metrics`.
 
 use std::fmt::Write as _;
 use std::sync::Mutex;

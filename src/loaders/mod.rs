@@ -40,6 +40,11 @@ impl std::ops::Deref for Backing {
     }
 }
 
+/// Whether `path` names a GGUF file (by its extension).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
 /// The default model: GPT-2 124M on the Hub.
 pub const DEFAULT_MODEL: &str = "openai-community/gpt2";
 
@@ -56,7 +61,7 @@ pub fn resolve_model(model: &str, hub: &hub::HubClient, weights: bool, command: 
     const EXPECTED: &str = "--model takes a model folder (config.json, model.safetensors, tokenizer.json), \
                             a .gguf file, or a Hub repo id like openai-community/gpt2";
     if as_path.is_file() {
-        if crate::model::load::is_gguf(as_path) {
+        if is_gguf(as_path) {
             return Ok(as_path.to_owned());
         }
         let folder = as_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use crate::backend::Backend;
 use crate::chat::ChatTemplate;
 use crate::loaders::gguf::GgufFile;
+pub use crate::loaders::is_gguf;
 use crate::loaders::{Gpt2Config, LlamaConfig, WeightStore, Weights};
 use crate::model::gemma3::Gemma3Config;
 use crate::model::{CausalLm, Gemma3, Gpt2, Llama};
@@ -17,11 +18,6 @@ use crate::tokenizer::Tokenizer;
 /// The architectures this engine runs, as GGUF's `general.architecture` names them (HF's
 /// `model_type` is the same but for Gemma 3's `gemma3_text`).
 pub const ARCHITECTURES: [&str; 5] = ["gpt2", "llama", "qwen2", "qwen3", "gemma3"];
-
-/// Whether `path` names a GGUF file (by its extension).
-pub fn is_gguf(path: &Path) -> bool {
-    path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-}
 
 /// A model with what comes with it in its files.
 pub struct Loaded<B: Backend> {

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::engine::sampler::Rng;
 use crate::loaders::Gpt2Config;
 use crate::loaders::safetensors::{OwnedTensor, serialize};
+use crate::rng::Rng;
 
 fn normal(rng: &mut Rng, n: usize, mean: f32, std: f32) -> Vec<f32> {
     let mut out = Vec::with_capacity(n);

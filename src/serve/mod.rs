@@ -1,4 +1,4 @@
-//! `forge serve`: an OpenAI-compatible HTTP server over a continuous-batching scheduler.
+//! `forge serve`: an OpenAI-compatible HTTP server over the engine's scheduler.
 //!
 //! HTTP only: the generation loop is the engine's [`Scheduler`]; this module routes
 //! requests into it and its events back out.

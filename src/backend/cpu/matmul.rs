@@ -1089,7 +1089,7 @@ mod tests {
     use super::*;
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut rng = crate::engine::sampler::Rng::new(seed);
+        let mut rng = crate::rng::Rng::new(seed);
         (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect()
     }
 
