@@ -3,7 +3,10 @@
 //! HTTP only: the generation loop is the engine's [`Scheduler`]; this module routes
 //! requests into it and its events back out.
 //!
-//! - [`api`]: the routes (axum), request checks, OpenAI's JSON and SSE shapes.
+//! - [`api`]: the routes (axum) and their handlers: submit to the engine, answer whole.
+//! - `protocol`: OpenAI's request bodies, error JSON and logprobs shapes.
+//! - `validate`: every check of a request before it reaches the engine.
+//! - `stream`: streamed answers as server-sent events.
 //! - [`http`]: the accept loop (timeouts for slow clients, a connection limit).
 //! - [`run_engine`]: the scheduler's thread: jobs in from the handlers, each request's
 //!   events out to its handler, requests whose client is gone aborted.
@@ -14,6 +17,9 @@
 
 pub mod api;
 pub mod http;
+mod protocol;
+mod stream;
+mod validate;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
