@@ -81,42 +81,32 @@ fn request(id: u64, prompt: &[u32], max_tokens: usize, seed: u64) -> Request {
 }
 
 /// A sequence of 600 tokens outgrows its first cache (prompt + 256 positions) twice,
-/// beside one that never does; each token and log-probability equals, bit for bit, a
-/// run short enough to fit its first cache, and a run that reserved a cache for all
-/// of it (one sequence alone; batch-invariant kernels, so batching changes nothing).
+/// beside one that never does; each token and log-probability equals, bit for bit, the
+/// same request on a scheduler that allocates every reserved position up front
+/// (batch-invariant kernels, so batching changes nothing either), and the sequence
+/// beside it equals its run alone.
 #[test]
 fn a_growing_cache_changes_no_bit() {
     let e = long_context_engine();
     let prompt: Vec<u32> = (0..9).map(|i| 1000 + 37 * i).collect();
     let short = INITIAL_SLACK - 10; // fits the first cache
     let long = 600;
-    let config = |parallel| SchedulerConfig {
+    let config = |parallel, initial_slack| SchedulerConfig {
         parallel,
         ctx_size: 2048,
         batch_tokens: 64,
         prefix_cache: false,
+        initial_slack,
         step_delay: std::time::Duration::ZERO,
     };
     let opts = CpuOptions { batch_invariant: true, ..Default::default() };
     let e = Engine { backend: CpuBackend::new(opts).unwrap(), ..e };
-    let together = run(&e, config(2), vec![request(0, &prompt, long, 3), request(1, &prompt, short, 4)]);
+    let together = run(&e, config(2, INITIAL_SLACK), vec![request(0, &prompt, long, 3), request(1, &prompt, short, 4)]);
     assert_eq!(together[0].len(), long);
-    let alone_short = run(&e, config(1), vec![request(0, &prompt, short, 3)]);
-    assert_eq!(together[0][..short], alone_short[0][..], "the tokens before the first growth");
-    let other = run(&e, config(1), vec![request(0, &prompt, short, 4)]);
+    let reserved = run(&e, config(1, usize::MAX), vec![request(0, &prompt, long, 3)]);
+    assert_eq!(together[0], reserved[0], "a growing cache against one allocated whole");
+    let other = run(&e, config(1, INITIAL_SLACK), vec![request(0, &prompt, short, 4)]);
     assert_eq!(together[1], other[0], "the sequence beside a growing one");
-    // The same 600 tokens from Engine::generate, whose one request reserves them all.
-    let params = GenerateParams {
-        max_new_tokens: long,
-        sampling: SamplingParams { seed: 3, ..SamplingParams::default() },
-        ignore_eos: true,
-        max_context: None,
-        logprobs: Some(0),
-    };
-    let g = e.generate(&prompt, &params, |_| Ok(())).unwrap();
-    let whole: Vec<(u32, u64)> =
-        g.generated_ids.iter().zip(&g.logprobs).map(|(&t, lp)| (t, lp.logprob.to_bits())).collect();
-    assert_eq!(together[0], whole, "all 600 tokens, growth included");
     // And from one prefill of the whole text into a cache that never grows: every
     // generated token's log-probability, bit for bit (a prefill row equals a decode row
     // with these kernels).
@@ -154,6 +144,22 @@ fn a_session_grows_and_changes_nothing() {
         conversation.extend(&g.generated_ids);
         conversation.extend([5, 6, 7, 8]); // the next user message
     }
+    // A turn the caller stops early (a stop string) keeps what it cached: the next
+    // turn reuses the prompt and the tokens fed before the stop.
+    let mut seen = 0;
+    let stopped = e
+        .generate_in(&mut session, &conversation, &params(50, 7), |_| {
+            seen += 1;
+            if seen == 5 { Err(batch_forge::engine::StopHere.into()) } else { Ok(()) }
+        })
+        .unwrap();
+    assert_eq!((stopped.generated_ids.len(), stopped.stop), (5, batch_forge::engine::StopReason::Stop));
+    let mut next = conversation.clone();
+    next.extend(&stopped.generated_ids);
+    next.extend([9, 10]);
+    let g = e.generate_in(&mut session, &next, &params(3, 8), |_| Ok(())).unwrap();
+    assert_eq!(g.reused_prompt_tokens, conversation.len() + 4, "every position fed before the stop");
+    assert_eq!(g.generated_ids, e.generate(&next, &params(3, 8), |_| Ok(())).unwrap().generated_ids);
     // Cleared: nothing is reused.
     session.clear();
     let g = e.generate_in(&mut session, &conversation[..20], &params(3, 9), |_| Ok(())).unwrap();

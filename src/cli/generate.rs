@@ -229,6 +229,7 @@ impl GenerateArgs {
                 !self.json,
                 "--backend both prints a table of per-step logit differences; it has no --json output"
             );
+            anyhow::ensure!(self.stop.is_empty(), "--backend both compares logits step by step; it takes no --stop");
         }
         self.backend.validate("generate")?;
         super::check_threads(self.threads.as_slice())?;

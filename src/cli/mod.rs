@@ -101,7 +101,7 @@ pub struct BackendArgs {
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     pub dtype: DtypeChoice,
     /// KV-cache storage (cpu and gpu; f16 on the gpu needs shader-f16).
-    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    #[arg(long, value_name = "f32|f16", default_value_t = KvDtype::F32)]
     pub kv_dtype: KvDtype,
     /// Batch-invariant cpu kernels (set by `serve`, not a flag).
     #[arg(skip)]

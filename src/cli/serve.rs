@@ -88,6 +88,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ctx_size: args.ctx_size,
             batch_tokens: args.batch_size as usize,
             prefix_cache: !args.no_prefix_cache,
+            initial_slack: batch_forge::engine::scheduler::INITIAL_SLACK,
             step_delay: std::time::Duration::from_millis(
                 std::env::var("BATCH_FORGE_STEP_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
             ),

@@ -36,7 +36,7 @@ pub struct VerifyArgs {
     #[arg(long, value_enum, default_value_t = DtypeChoice::Auto)]
     dtype: DtypeChoice,
     /// KV-cache storage (cpu and gpu).
-    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    #[arg(long, value_name = "f32|f16", default_value_t = KvDtype::F32)]
     kv_dtype: KvDtype,
     /// Override the normalised-error tolerance of every stage.
     #[arg(long, value_name = "X")]

@@ -578,6 +578,14 @@ mod tests {
         assert_eq!(s.sample(&logits), 0);
         s.accept_generated(1); // 1.8 + 2.0 = 3.8
         assert_eq!(s.sample(&logits), 1);
+        // OpenAI's penalties come before the repetition penalty (as the server has always
+        // applied them): token 0 at -1.0 with both becomes (-1 - 0.5) × 2 = -3 < -2.7;
+        // the other order would give -1 × 2 - 0.5 = -2.5 > -2.7.
+        let both =
+            SamplingParams { presence_penalty: 0.5, repeat_penalty: 2.0, repeat_last_n: 8, ..SamplingParams::greedy() };
+        let mut s = Sampler::new(both).unwrap();
+        s.accept_generated(0);
+        assert_eq!(s.sample(&[-1.0, -2.7]), 1);
         for bad in [2.5, -2.01, f32::NAN, f32::INFINITY] {
             assert!(Sampler::new(SamplingParams { presence_penalty: bad, ..SamplingParams::greedy() }).is_err());
             assert!(Sampler::new(SamplingParams { frequency_penalty: bad, ..SamplingParams::greedy() }).is_err());

@@ -5,13 +5,13 @@
 //! requests in and outputs back.
 //!
 //! A step is plan → run → update:
-//! - **plan**: drop aborted requests, admit waiting ones while their KV blocks are
-//!   free, then choose the rows: one decode row for every running sequence, then
+//! - **plan**: admit waiting requests while their KV blocks are free (a request is
+//!   dropped the moment [`Scheduler::abort`] is called), then choose the rows: one decode row for every running sequence, then
 //!   chunks of waiting prompts up to a per-step token budget (chunked prefill), so a
 //!   long prompt never stalls the sequences already decoding;
 //! - **run**: one forward over those rows, then the token picker: the argmax on the
-//!   device when every sequence is greedy without penalties and the backend can (only
-//!   the ids are read back), else the logits on the host and each sequence's
+//!   device when every sequence is greedy without penalties or logprobs and the backend
+//!   can (only the ids are read back), else the logits on the host and each sequence's
 //!   [`Sampler`];
 //! - **update**: append the tokens, report them as [`Event`]s, retire finished
 //!   sequences.
@@ -134,6 +134,10 @@ pub struct SchedulerConfig {
     pub batch_tokens: usize,
     /// Keep finished sequences' caches for reuse.
     pub prefix_cache: bool,
+    /// Positions beyond its prompt a new sequence's cache holds at first (at most what
+    /// its request reserves; it doubles when they are used up): [`INITIAL_SLACK`], or
+    /// `usize::MAX` to allocate every reserved position up front (benchmarks).
+    pub initial_slack: usize,
     /// A pause after every step: a test hook (`BATCH_FORGE_STEP_DELAY_MS`) that makes a
     /// tiny model's generation last long enough to hang up on or queue behind.
     pub step_delay: Duration,
@@ -149,6 +153,7 @@ impl SchedulerConfig {
             ctx_size,
             batch_tokens: ctx_size,
             prefix_cache: false,
+            initial_slack: INITIAL_SLACK,
             step_delay: Duration::ZERO,
         }
     }
@@ -293,7 +298,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let Some(i) = self.running.iter().position(|s| s.request.id == id) else { return false };
         let seq = self.running.remove(i);
-        self.used_blocks -= seq.blocks;
+        if seq.request.session.is_some() {
+            // Between steps its cache holds exactly its cached positions: a session keeps
+            // them for its next request.
+            self.retire(seq);
+        } else {
+            self.used_blocks -= seq.blocks; // dropped, not cached (a stop string, a hang-up)
+        }
         self.publish();
         true
     }
@@ -326,7 +337,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             return;
         }
         self.plan();
-        self.grow(out);
+        while self.grow(out) {
+            self.plan(); // without the sequences that could not grow
+        }
         if self.members.is_empty() {
             self.publish();
             return;
@@ -550,9 +563,10 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let mut tokens = seq.tokens;
         tokens.truncate(seq.cached);
         if let Some(session) = seq.request.session {
-            // It holds the blocks of its cached positions until the session's next request.
-            let blocks = blocks_for(seq.cached).min(seq.blocks);
-            self.used_blocks -= seq.blocks - blocks;
+            // It holds the blocks of its cache until the session's next request (pinned
+            // caches are not evicted: sessions are for a client that runs one, as chat).
+            let blocks = blocks_for(seq.capacity);
+            self.used_blocks = self.used_blocks - seq.blocks + blocks;
             let (cache, capacity) = (seq.cache, seq.capacity);
             self.pinned.push(Pinned { session, tokens, cache, capacity, blocks });
             return;
@@ -623,7 +637,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     Ok((p.cache, p.capacity))
                 }
                 None => {
-                    let capacity = positions.min(req.prompt.len() + INITIAL_SLACK);
+                    let capacity = positions.min(req.prompt.len().saturating_add(self.config.initial_slack));
                     self.model.new_cache(self.backend, capacity).map(|mut c| {
                         if self.config.prefix_cache && req.prompt_logprobs.is_none() {
                             let hashes = block_hashes(&req.prompt);
@@ -678,8 +692,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
 
     /// Grow the cache of every planned sequence whose rows do not fit it: doubled (at
     /// most to what its request reserved), its positions copied. A sequence whose cache
-    /// cannot grow fails; then the step is planned again without it.
-    fn grow(&mut self, out: &mut Vec<(u64, Event)>) {
+    /// cannot grow fails; returns whether one did (the step is then planned again).
+    fn grow(&mut self, out: &mut Vec<(u64, Event)>) -> bool {
         let mut failed = false;
         let mut i = 0;
         while i < self.running.len() {
@@ -710,9 +724,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 }
             }
         }
-        if failed {
-            self.plan();
-        }
+        failed
     }
 
     fn publish(&self) {

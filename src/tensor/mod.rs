@@ -309,7 +309,7 @@ impl WeightDtype {
 }
 
 /// How a backend stores the keys and values of its KV caches (`--kv-dtype`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvDtype {
     #[default]
     F32,
@@ -329,6 +329,19 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    /// `f32` or `f16` (the CLI's `--kv-dtype`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => Err(format!("{s:?} is not a KV dtype (use f32 or f16)")),
         }
     }
 }
