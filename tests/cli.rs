@@ -1114,3 +1114,50 @@ fn generate_sampling_defaults_penalties_and_stop_strings() {
         assert_clean_error(&forge(&all), want);
     }
 }
+
+/// `--draft-ngram` and `--model-draft` give the ids and log-probabilities of plain
+/// decoding on the same (batch-invariant) kernels, greedy and seeded, and say how many
+/// drafts were accepted; their misuse is one clean error line each.
+#[test]
+fn generate_speculates_without_changing_the_output() {
+    let model = fixture("tiny-llama");
+    let draft = fixture("tiny-llama-odd");
+    let (m, d) = (model.to_str().unwrap(), draft.to_str().unwrap());
+    let run = |extra: &[&str]| -> (Value, String) {
+        let mut args = vec!["generate", "-m", m, "-p", "one two three one two three one two", "-n", "40"];
+        args.extend_from_slice(&["--ignore-eos", "--json", "--logprobs", "2"]);
+        args.extend_from_slice(extra);
+        let o = forge(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        (serde_json::from_str(&stdout(&o)).unwrap(), stderr(&o))
+    };
+    for sampling in [&["--temp", "0"][..], &["-s", "11", "--repeat-penalty", "1.1"][..]] {
+        let (plain, _) = run(&[sampling, &["--batch-invariant"][..]].concat());
+        assert!(plain.get("speculation").is_none());
+        for spec in [&["--draft-ngram", "3"][..], &["-md", d, "--draft-max", "4"][..]] {
+            let (out, err) = run(&[sampling, spec].concat());
+            assert_eq!(out["generated_ids"], plain["generated_ids"], "{spec:?} {sampling:?}");
+            assert_eq!(out["logprobs"], plain["logprobs"], "{spec:?} {sampling:?}");
+            let drafted = out["speculation"]["draft_tokens"].as_u64().unwrap();
+            assert!(drafted > 0, "{spec:?}: nothing drafted");
+            assert!(err.contains("speculative decoding: ") && err.contains("drafted tokens accepted"), "{err}");
+        }
+    }
+    let gpt2 = fixture("tiny-gpt2");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--draft-max", "4"], "error: --draft-max needs --draft-ngram N or --model-draft MODEL"),
+        (
+            &["--draft-ngram", "2", "--draft-min", "5", "--draft-max", "2"],
+            "error: --draft-min 5 is larger than --draft-max 2",
+        ),
+        (&["--model-draft", gpt2.to_str().unwrap()], "a draft model must share the model's"),
+        (&["--draft-ngram", "2", "--backend", "both"], "it takes no --draft-ngram or --model-draft"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["generate", "-m", m, "-p", "hi", "-n", "4"];
+        args.extend_from_slice(extra);
+        assert_clean_error(&forge(&args), want);
+    }
+    let o = forge(&["generate", "-m", m, "-p", "hi", "--draft-ngram", "2", "--model-draft", d]);
+    assert!(!o.status.success() && stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+}

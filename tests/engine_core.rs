@@ -42,6 +42,7 @@ fn long_context_engine() -> Engine<CpuBackend> {
         chat_template: None,
         chat_template_error: None,
         end_of_generation: vec![50256],
+        speculation: None,
     }
 }
 

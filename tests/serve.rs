@@ -1205,3 +1205,62 @@ fn soak() {
     assert_eq!(used, cached, "blocks held by no sequence and no cache entry");
     assert!(rss_end < rss_start + 20 * 1024, "resident memory grew: {rss_start} → {rss_end} kB");
 }
+
+/// `forge serve --draft-ngram 3`: the real model asked to copy paragraphs, eight
+/// requests at once (greedy and seeded, with logprobs), answers exactly as a server
+/// without speculation does, and `/metrics` counts the drafts it accepted.
+#[test]
+fn smollm2_speculates_over_http_without_changing_an_answer() {
+    let Some(model) = smollm2() else { return };
+    let texts = [
+        "The river rises in the hills, runs past the old mill and the church, and reaches the sea.",
+        "Mix the flour and the butter, add one egg and a little milk, then bake for twenty minutes.",
+        "for i in range(10):\n    if i % 2 == 0:\n        print(i, 'is even')\n    else:\n        print(i, 'is odd')",
+        "Rain fell on the market all morning; the traders covered their stalls and waited for the sun.",
+    ];
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| {
+            let content = format!("Repeat this text exactly:\n\n{}", texts[i % 4]);
+            json!({
+                "messages": [{"role": "user", "content": content}],
+                "max_tokens": 48, "logprobs": true, "top_logprobs": 2, "seed": i,
+                "temperature": if i % 2 == 0 { 0.0 } else { 0.7 },
+            })
+        })
+        .collect();
+    let answers = |s: &Server| -> Vec<(Value, Value)> {
+        let barrier = Barrier::new(bodies.len());
+        std::thread::scope(|scope| {
+            let hs: Vec<_> = bodies
+                .iter()
+                .map(|b| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let v = s.ok("/v1/chat/completions", b);
+                        (v["choices"][0]["message"]["content"].clone(), v["choices"][0]["logprobs"].clone())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    let plain = answers(&Server::start(&model, &["-np", "8"]));
+    let s = Server::start(&model, &["-np", "8", "--draft-ngram", "3"]);
+    let spec = answers(&s);
+    for (i, (p, q)) in plain.iter().zip(&spec).enumerate() {
+        assert!(p == q, "request {i}: plain {:?} vs speculative {:?}", p.0, q.0);
+    }
+    assert!(plain[0].0.as_str().unwrap().contains("river rises"), "{:?}", plain[0].0);
+    let m = s.metrics();
+    let (drafted, accepted) =
+        (m("forge_spec_decode_num_draft_tokens_total"), m("forge_spec_decode_num_accepted_tokens_total"));
+    eprintln!("served with n-gram drafts: {accepted} of {drafted} drafted tokens accepted");
+    assert!(accepted > 0.0 && accepted <= drafted && m("forge_spec_decode_num_drafts_total") > 0.0);
+    // Drafts verified against other kernels would not be exact: refused.
+    let o = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["serve", "-m", model.to_str().unwrap(), "--draft-ngram", "3", "--no-batch-invariance"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("drop --no-batch-invariance"));
+}

@@ -44,10 +44,19 @@ pub struct ChatArgs {
     /// Worker threads (default: the physical cores available to this process).
     #[arg(long, short)]
     threads: Option<usize>,
+    #[command(flatten)]
+    spec: super::SpecArgs,
+    /// Compute every row as `forge serve` does, whatever the rows beside it (the
+    /// batch-invariant kernels; prompts a few percent slower): the tokens `forge serve`
+    /// gives, and those of speculative decoding, which turns it on.
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
-pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ChatArgs) -> anyhow::Result<()> {
     args.backend.validate("chat")?;
+    args.spec.validate()?;
+    args.backend.batch_invariant = args.batch_invariant || args.spec.is_on(); // verification rows as lone decode rows
     anyhow::ensure!(args.backend.backend != BackendChoice::Both, "--backend both is for `forge generate` only");
     super::check_threads(args.threads.as_slice())?;
     args.sampling.params(0)?;
@@ -58,6 +67,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     let path = super::model_dir(&args.model, true, "chat")?;
     let mut engine = Engine::load(backend, &path)?;
+    args.spec.apply(&mut engine, "chat")?;
     if let Some(file) = &args.chat_template {
         engine.use_chat_template_file(file)?;
     }
@@ -152,8 +162,13 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
         let n = generation.generated_ids.len();
         let full =
             if generation.stop == StopReason::ContextFull { "; the context is full, /clear to go on" } else { "" };
+        let drafts = if args.spec.is_on() {
+            format!(", {} of {} drafted accepted", generation.accepted_tokens, generation.draft_tokens)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "[{} prompt tokens ({} cached), {n} generated, {:.1} tokens/s{full}]",
+            "[{} prompt tokens ({} cached), {n} generated, {:.1} tokens/s{drafts}{full}]",
             ids.len(),
             generation.reused_prompt_tokens,
             n as f64 / seconds.max(1e-9)

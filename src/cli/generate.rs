@@ -162,6 +162,13 @@ pub struct GenerateArgs {
     /// `\\`, `\"`, `\'` and `\xHH` are turned into characters, as llama.cpp does).
     #[arg(long)]
     no_escape: bool,
+    #[command(flatten)]
+    spec: super::SpecArgs,
+    /// Compute every row as `forge serve` does, whatever the rows beside it (the
+    /// batch-invariant kernels; prompts a few percent slower): the tokens `forge serve`
+    /// gives, and those of speculative decoding, which turns it on.
+    #[arg(long)]
+    batch_invariant: bool,
 }
 
 /// llama.cpp's escape processing of a command-line prompt: `\n`, `\r`, `\t`, `\'`, `\"`,
@@ -230,8 +237,13 @@ impl GenerateArgs {
                 "--backend both prints a table of per-step logit differences; it has no --json output"
             );
             anyhow::ensure!(self.stop.is_empty(), "--backend both compares logits step by step; it takes no --stop");
+            anyhow::ensure!(
+                !self.spec.is_on(),
+                "--backend both compares logits step by step; it takes no --draft-ngram or --model-draft"
+            );
         }
         self.backend.validate("generate")?;
+        self.spec.validate()?;
         super::check_threads(self.threads.as_slice())?;
         anyhow::ensure!(self.stop.len() <= 4, "at most 4 --stop strings, got {}", self.stop.len());
         anyhow::ensure!(self.stop.iter().all(|s| !s.is_empty()), "a --stop string must not be empty");
@@ -292,10 +304,12 @@ impl GenerateArgs {
     }
 }
 
-pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+pub fn run(mut args: GenerateArgs) -> anyhow::Result<()> {
     // Flags first (a cheap check of the sampling values too; the seed and the
     // whole-context window are settled once the model is known).
     args.validate()?;
+    // Verification rows must be computed as a lone decode row would be.
+    args.backend.batch_invariant = args.batch_invariant || args.spec.is_on();
     args.sampling(0)?;
     super::warn_threads(args.threads.as_slice());
     let (prompt, source) = args.prompt_text()?;
@@ -479,6 +493,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     if let Some(file) = &args.chat_template {
         engine.use_chat_template_file(file)?;
     }
+    args.spec.apply(&mut engine, "generate")?;
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
     let n_positions = engine.model.info().context_length;
@@ -523,6 +538,12 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
             "greedy": sampling.is_greedy(),
             "timings": timings.json(),
         });
+        if args.spec.is_on() {
+            obj["speculation"] = serde_json::json!({
+                "draft_tokens": result.draft_tokens,
+                "accepted_tokens": result.accepted_tokens,
+            });
+        }
         if args.logprobs.is_some() {
             let text =
                 |id: u32| tok.token_bytes(id).map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
@@ -554,5 +575,14 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
         eprintln!("generated ids: {:?}", result.generated_ids);
     }
     timings.print(&engine.backend.name());
+    if args.spec.is_on() {
+        print_acceptance(result.draft_tokens, result.accepted_tokens);
+    }
     Ok(())
+}
+
+/// How many drafted tokens were accepted (stderr, after the timings).
+pub fn print_acceptance(drafted: usize, accepted: usize) {
+    let rate = if drafted > 0 { format!(" ({:.1}%)", 100.0 * accepted as f64 / drafted as f64) } else { String::new() };
+    eprintln!("{:>10} = {accepted} of {drafted} drafted tokens accepted{rate}", "draft");
 }

@@ -163,6 +163,83 @@ impl BackendArgs {
     }
 }
 
+/// Speculative decoding flags shared by `generate`, `chat` and `serve` (llama.cpp's names).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpecArgs {
+    /// Speculative decoding by prompt lookup: draft the tokens that followed the latest
+    /// earlier occurrence of the last N tokens (N, then shorter). The output is unchanged.
+    #[arg(long = "draft-ngram", value_name = "N", conflicts_with = "model_draft",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub draft_ngram: Option<u32>,
+    /// Speculative decoding with a draft model (a folder or .gguf file with the same
+    /// tokenizer, much smaller than the model; llama.cpp's -md). The output is unchanged.
+    #[arg(long = "model-draft", value_name = "MODEL")]
+    pub model_draft: Option<String>,
+    /// Tokens drafted per step at most.
+    #[arg(long = "draft-max", visible_alias = "draft", value_name = "N",
+          default_value_t = batch_forge::engine::speculate::DEFAULT_DRAFT_MAX as u32,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub draft_max: u32,
+    /// Drafts shorter than N tokens are not verified.
+    #[arg(long = "draft-min", value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub draft_min: u32,
+}
+
+impl SpecArgs {
+    pub fn is_on(&self) -> bool {
+        self.draft_ngram.is_some() || self.model_draft.is_some()
+    }
+
+    /// The checks that need no model.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.draft_min <= self.draft_max,
+            "--draft-min {} is larger than --draft-max {}",
+            self.draft_min,
+            self.draft_max
+        );
+        if !self.is_on() {
+            let set = [
+                (self.draft_max != batch_forge::engine::speculate::DEFAULT_DRAFT_MAX as u32, "--draft-max"),
+                (self.draft_min != 0, "--draft-min"),
+            ];
+            if let Some((_, flag)) = set.iter().find(|(on, _)| *on) {
+                anyhow::bail!("{flag} needs --draft-ngram N or --model-draft MODEL");
+            }
+        }
+        Ok(())
+    }
+
+    /// Turn speculation on in `engine` (loading the draft model on its backend).
+    pub fn apply<B: batch_forge::backend::Backend>(
+        &self,
+        engine: &mut batch_forge::engine::Engine<B>,
+        command: &str,
+    ) -> anyhow::Result<()> {
+        use batch_forge::engine::{DraftMethod, Speculation};
+        let (method, tokenizer) = match (&self.draft_ngram, &self.model_draft) {
+            (Some(n), _) => (DraftMethod::Ngram(*n as usize), None),
+            (None, Some(m)) => {
+                let dir = model_dir(m, true, command)?;
+                let l = batch_forge::model::load_model(&engine.backend, &dir)
+                    .map_err(|e| anyhow::anyhow!("--model-draft {m}: {e:#}"))?;
+                (DraftMethod::Model(l.model), Some(l.tokenizer))
+            }
+            (None, None) => return Ok(()),
+        };
+        let speculation =
+            Speculation { method, draft_max: self.draft_max as usize, draft_min: self.draft_min as usize };
+        let what = speculation.describe();
+        engine.speculate(speculation, tokenizer.as_ref()).map_err(|e| match &self.model_draft {
+            Some(m) => anyhow::anyhow!("--model-draft {m}: {e:#}"),
+            None => e,
+        })?;
+        eprintln!("speculative decoding: {what}; batch-invariant kernels, so the tokens are those of plain decoding");
+        Ok(())
+    }
+}
+
 /// A software adapter is the only one: say that `--backend gpu` runs on the CPU here.
 #[cfg(feature = "gpu")]
 pub fn warn_if_software(gpu: &batch_forge::backend::gpu::GpuBackend) {
@@ -284,14 +361,14 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
     (&["-co", "--color"], "output is plain text"),
     (&["-tb", "--threads-batch"], "one thread count (-t) serves prompt and generation"),
     (&["-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"], "give the Hub id to -m (e.g. -m openai-community/gpt2)"),
-    (&["-md", "--model-draft", "-mli", "--multiline-input", "-mu", "--model-url"], "not available in forge"),
+    (&["-mli", "--multiline-input", "-mu", "--model-url"], "not available in forge"),
 ];
 
 /// Options whose next argument is a value (so `-p -fa` is a prompt, not a flag).
-const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt"];
+const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt", "--model-draft"];
 
 /// llama.cpp's multi-letter single-dash names that forge has under a long name.
-pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt"), ("-np", "--parallel")];
+pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt"), ("-np", "--parallel"), ("-md", "--model-draft")];
 
 /// The command line with llama.cpp's aliases ([`ALIASES`]) spelled as forge's long names.
 pub fn expand_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

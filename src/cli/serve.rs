@@ -65,10 +65,17 @@ pub struct ServeArgs {
     max_connections: u32,
     #[command(flatten)]
     backend: BackendArgs,
+    #[command(flatten)]
+    spec: super::SpecArgs,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     args.backend.validate("serve")?;
+    args.spec.validate()?;
+    anyhow::ensure!(
+        !(args.spec.is_on() && args.no_batch_invariance),
+        "speculative decoding verifies drafts with the batch-invariant kernels; drop --no-batch-invariance"
+    );
     if let Some(t) = args.threads {
         super::check_threads(&[t])?;
         super::warn_threads(&[t]);
@@ -119,6 +126,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     backend.batch_invariant = !args.no_batch_invariance;
     let threads = args.threads;
     let chat_template = args.chat_template.clone();
+    let spec = args.spec.clone();
     std::thread::Builder::new().name("scheduler".into()).spawn(move || {
         let result = super::in_pool(threads, || {
             with_backend!(backend, |b| {
@@ -128,6 +136,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 if let Some(file) = &chat_template {
                     engine.use_chat_template_file(file)?;
                 }
+                spec.apply(&mut engine, "serve")?;
                 let info = engine.model.info().clone();
                 tracing::info!(
                     architecture = info.architecture,

@@ -75,6 +75,10 @@ pub struct Metrics {
     pub batch_sequences_max: AtomicU64,
     /// Forward passes run.
     pub steps: AtomicU64,
+    /// Speculative decoding: drafts verified, their tokens, and the tokens accepted.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
     /// Time to first token (from arrival at the scheduler).
     pub ttft: Histogram,
     /// Inter-token latency.
@@ -97,6 +101,9 @@ impl Default for Metrics {
             prefix_cache_hit_tokens: AtomicU64::new(0),
             batch_sequences_max: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            spec_drafts: AtomicU64::new(0),
+            spec_draft_tokens: AtomicU64::new(0),
+            spec_accepted_tokens: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(LATENCY_BUCKETS),
             e2e: Histogram::new(LATENCY_BUCKETS),
@@ -123,7 +130,7 @@ impl Metrics {
             AtomicU64::new(g.kv_blocks_used),
             AtomicU64::new(g.kv_blocks_cached),
         );
-        let counters: [(&str, &str, &str, &AtomicU64); 14] = [
+        let counters: [(&str, &str, &str, &AtomicU64); 17] = [
             ("forge_prompt_tokens_total", "counter", "Prompt tokens admitted.", &self.prompt_tokens),
             ("forge_generation_tokens_total", "counter", "Tokens generated.", &self.generation_tokens),
             ("forge_requests_running", "gauge", "Sequences being decoded or prefilled.", &running),
@@ -153,6 +160,19 @@ impl Metrics {
                 &self.batch_sequences_max,
             ),
             ("forge_steps_total", "counter", "Forward passes (scheduler steps) run.", &self.steps),
+            (
+                "forge_spec_decode_num_drafts_total",
+                "counter",
+                "Drafts verified (speculative decoding).",
+                &self.spec_drafts,
+            ),
+            ("forge_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.", &self.spec_draft_tokens),
+            (
+                "forge_spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Draft tokens accepted (each is a token plain decoding picks too).",
+                &self.spec_accepted_tokens,
+            ),
         ];
         for (name, kind, help, v) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}", v.load(Ordering::Relaxed));

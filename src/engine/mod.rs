@@ -6,6 +6,8 @@
 //!   and the API share.
 //! - [`Engine`]: a loaded model with its tokenizer and chat template; `generate` and
 //!   sessions (`chat`) are single-request clients of the scheduler.
+//! - [`speculate`]: speculative decoding (n-gram or draft-model drafts the scheduler
+//!   verifies), giving the very tokens of plain decoding.
 //! - [`text`]: tokens to text with stop strings; [`metrics`]: the loop's counters.
 //! - [`perplexity`], [`lockstep`]: scoring and backend comparison, which need every
 //!   row's logits rather than picked tokens.
@@ -17,9 +19,11 @@ pub mod perplexity;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod scheduler;
+pub mod speculate;
 pub mod text;
 
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
@@ -32,6 +36,7 @@ pub use logprobs::TokenLogprobs;
 pub use metrics::Metrics;
 pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Event, Finish, Request, Scheduler, SchedulerConfig};
+pub use speculate::{DraftMethod, Speculation};
 
 /// [`Engine::prompt_ids`] from the parts (the server holds them apart from the model).
 pub fn prompt_ids(tokenizer: &Tokenizer, bos_token_id: Option<u32>, text: &str) -> Vec<u32> {
@@ -73,6 +78,8 @@ pub struct Engine<B: Backend> {
     pub chat_template_error: Option<String>,
     /// Tokens that end generation ([`crate::model::load::Loaded::end_of_generation`]).
     pub end_of_generation: Vec<u32>,
+    /// Speculative decoding for every scheduler this engine makes ([`Engine::speculate`]).
+    pub speculation: Option<Speculation<B>>,
 }
 
 /// One conversation, kept between calls of [`Engine::generate_in`]: a scheduler whose
@@ -176,6 +183,9 @@ pub struct Generation {
     pub logprobs: Vec<TokenLogprobs>,
     /// Prompt tokens whose keys and values a session already held (not prefilled again).
     pub reused_prompt_tokens: usize,
+    /// Speculative decoding: draft tokens verified, and those accepted.
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// Logits with a NaN or an infinity are an error naming the step and position.
@@ -203,7 +213,47 @@ impl<B: Backend> Engine<B> {
             chat_template: l.chat_template,
             chat_template_error: l.chat_template_error,
             end_of_generation: l.end_of_generation,
+            speculation: None,
         })
+    }
+
+    /// Decode speculatively from now on (`--draft-ngram`, `--model-draft`). A draft
+    /// model comes with its tokenizer, which must be this model's, token for token. The
+    /// output stays that of plain decoding when the backend's kernels are
+    /// batch-invariant (see [`speculate`]).
+    pub fn speculate(
+        &mut self,
+        speculation: Speculation<B>,
+        draft_tokenizer: Option<&Tokenizer>,
+    ) -> anyhow::Result<()> {
+        ensure!(speculation.draft_max >= 1, "--draft-max must be at least 1");
+        ensure!(
+            speculation.draft_min <= speculation.draft_max,
+            "--draft-min ({}) is larger than --draft-max ({})",
+            speculation.draft_min,
+            speculation.draft_max
+        );
+        match &speculation.method {
+            DraftMethod::Ngram(n) => ensure!(*n >= 1, "--draft-ngram must be at least 1"),
+            DraftMethod::Model(draft) => {
+                let Some(theirs) = draft_tokenizer else { bail!("a draft model needs its tokenizer to be checked") };
+                let (mine, theirs_n) = (self.tokenizer.vocab_size(), theirs.vocab_size());
+                ensure!(
+                    self.model.info().vocab_size == draft.info().vocab_size,
+                    "the draft model has {} output tokens but the model has {}; a draft model must share the model's vocabulary",
+                    draft.info().vocab_size,
+                    self.model.info().vocab_size
+                );
+                speculate::check_draft_vocabulary(
+                    mine,
+                    theirs_n,
+                    |id| self.tokenizer.token_bytes(id).ok().map(<[u8]>::to_vec),
+                    |id| theirs.token_bytes(id).ok().map(<[u8]>::to_vec),
+                )?;
+            }
+        }
+        self.speculation = Some(speculation);
+        Ok(())
     }
 
     /// Use the Jinja chat template in the file at `path` instead of the one the model's
@@ -255,13 +305,17 @@ impl<B: Backend> Engine<B> {
 
     /// A scheduler over this engine's model (the engine core every command runs on).
     pub fn scheduler(&self, config: SchedulerConfig) -> Scheduler<'_, B> {
-        Scheduler::new(
+        let s = Scheduler::new(
             &self.backend,
             &*self.model,
             config,
             self.end_of_generation.clone(),
             std::sync::Arc::new(Metrics::default()),
-        )
+        );
+        match &self.speculation {
+            Some(sp) => s.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min),
+            None => s,
+        }
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
@@ -346,6 +400,8 @@ fn run_request<B: Backend>(
         timings: Timings::default(),
         logprobs: Vec::new(),
         reused_prompt_tokens: 0,
+        draft_tokens: 0,
+        accepted_tokens: 0,
     };
     if budget == 0 {
         return Ok(generation);
@@ -357,6 +413,17 @@ fn run_request<B: Backend>(
     request.session = session;
     scheduler.add(request);
     let start = Instant::now();
+    let spec = |s: &Scheduler<'_, B>| {
+        let m = s.metrics();
+        (m.spec_draft_tokens.load(Ordering::Relaxed), m.spec_accepted_tokens.load(Ordering::Relaxed))
+    };
+    let before = spec(scheduler);
+    let done = |g: &mut Generation, s: &Scheduler<'_, B>| {
+        g.timings.decode = start.elapsed() - g.timings.prefill;
+        let after = spec(s);
+        g.draft_tokens = (after.0 - before.0) as usize;
+        g.accepted_tokens = (after.1 - before.1) as usize;
+    };
     let mut events = Vec::with_capacity(4);
     loop {
         scheduler.step(&mut events);
@@ -373,7 +440,7 @@ fn run_request<B: Backend>(
                     (id, logprobs)
                 }
                 Event::Finished { .. } => {
-                    generation.timings.decode = start.elapsed() - generation.timings.prefill;
+                    done(&mut generation, scheduler);
                     return Ok(generation);
                 }
                 Event::Failed(e) => bail!(e),
@@ -387,7 +454,7 @@ fn run_request<B: Backend>(
                 scheduler.abort(ONLY_REQUEST);
                 if e.is::<StopHere>() {
                     generation.stop = StopReason::Stop;
-                    generation.timings.decode = start.elapsed() - generation.timings.prefill;
+                    done(&mut generation, scheduler);
                     return Ok(generation);
                 }
                 return Err(e);

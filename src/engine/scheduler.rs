@@ -38,6 +38,7 @@ use super::logprobs::token_logprobs;
 use super::metrics::{Gauges, Metrics};
 use super::prefix_cache::PrefixCache;
 pub use super::prefix_cache::{BLOCK_TOKENS, block_hashes, blocks_for};
+use super::speculate::{DraftSeq, Drafter};
 use super::{Sampler, SamplingParams, TokenLogprobs};
 use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
@@ -201,6 +202,55 @@ struct Seq<C> {
     generated: usize,
     sampler: Sampler,
     last_token_at: Option<Instant>,
+    /// Draft tokens fed after the last sampled one in this step, to be verified.
+    draft: Vec<u32>,
+    /// How much to draft: [`DraftPace`].
+    pace: DraftPace,
+}
+
+/// A sequence's draft length, adapted to how its drafts fare: it doubles (up to
+/// `--draft-max`) while whole drafts are accepted, drops to one past the accepted part
+/// of a draft that was cut, and after a draft of which nothing was accepted the sequence
+/// pauses drafting for 1, 2, 4 … 32 steps. A draft that is never accepted then costs
+/// one verification row every so many steps, and a copying sequence drafts long.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftPace {
+    /// Tokens to ask for at most.
+    pub len: usize,
+    /// Steps to skip drafting.
+    pub pause: u32,
+    /// The next pause after a wholly rejected draft.
+    pub backoff: u32,
+}
+
+impl DraftPace {
+    pub fn new(draft_max: usize) -> Self {
+        DraftPace { len: draft_max, pause: 0, backoff: 1 }
+    }
+
+    /// Whether to draft this step (counting a paused step).
+    pub fn wants(&mut self) -> bool {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// After a draft of `drafted` tokens of which the first `accepted` were taken.
+    pub fn update(&mut self, drafted: usize, accepted: usize, draft_max: usize) {
+        if accepted == drafted {
+            self.len = (self.len.max(drafted) * 2).min(draft_max);
+            self.backoff = 1;
+        } else if accepted > 0 {
+            self.len = (accepted + 1).min(draft_max);
+            self.backoff = 1;
+        } else {
+            self.len = 1;
+            self.pause = self.backoff;
+            self.backoff = (self.backoff * 2).min(32);
+        }
+    }
 }
 
 /// A session's cache between its requests.
@@ -238,6 +288,9 @@ pub struct Scheduler<'m, B: Backend> {
     finished: Vec<(usize, Option<Finish>)>,
     /// The allocation of the per-step list of cache references, kept between steps.
     cache_refs: Vec<Option<&'static ()>>,
+    /// Speculative decoding: what drafts, and the draft lengths (most, least).
+    drafter: Option<(Box<dyn Drafter<B> + 'm>, usize, usize)>,
+    drafts: Vec<Vec<u32>>,
 }
 
 impl<'m, B: Backend> Scheduler<'m, B> {
@@ -271,7 +324,23 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             first: Vec::with_capacity(parallel),
             finished: Vec::with_capacity(parallel),
             cache_refs: Vec::with_capacity(parallel),
+            drafter: None,
+            drafts: Vec::new(),
         }
+    }
+
+    /// Decode speculatively: each step, `drafter` proposes up to `draft_max` tokens for
+    /// every decoding sequence (drafts shorter than `draft_min` are dropped) and the step
+    /// verifies them (see [`super::speculate`]). The output stays that of plain decoding
+    /// only when the backend's kernels are batch-invariant.
+    pub fn with_drafter(mut self, drafter: Box<dyn Drafter<B> + 'm>, draft_max: usize, draft_min: usize) -> Self {
+        self.drafter = Some((drafter, draft_max, draft_min));
+        self
+    }
+
+    /// The counters this scheduler updates.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -336,6 +405,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             self.publish();
             return;
         }
+        self.draft();
         self.plan();
         while self.grow(out) {
             self.plan(); // without the sequences that could not grow
@@ -346,7 +416,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
         self.metrics.batch_sequences_max.fetch_max(self.members.len() as u64, Ordering::Relaxed);
-        let (any_scored, on_device) = match self.run() {
+        let on_device = match self.run() {
             Ok(r) => r,
             Err(e) => {
                 // The caches of this batch may hold part of the step: fail its sequences.
@@ -360,7 +430,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 return;
             }
         };
-        self.update(any_scored, on_device, out);
+        self.update(on_device, out);
         self.publish();
     }
 
@@ -375,6 +445,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 *f = 1;
                 budget -= 1;
             }
+        }
+        // Then drafts to verify, before new prompts.
+        for (f, s) in self.feed.iter_mut().zip(&mut self.running) {
+            s.draft.truncate(budget);
+            *f += s.draft.len();
+            budget -= s.draft.len();
         }
         for (f, s) in self.feed.iter_mut().zip(&self.running) {
             let pending = s.tokens.len() - s.cached;
@@ -391,9 +467,47 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 continue;
             }
             let start = self.tokens.len();
-            self.tokens.extend_from_slice(&s.tokens[s.cached..s.cached + f]);
+            self.tokens.extend_from_slice(&s.tokens[s.cached..s.cached + f - s.draft.len()]);
+            self.tokens.extend_from_slice(&s.draft);
             self.seqs.push(SeqSlice { rows: start..self.tokens.len(), start_pos: s.cached });
             self.members.push(i);
+        }
+    }
+
+    /// Ask the drafter (if any) for the tokens that may follow every decoding sequence
+    /// that has at least two tokens left to generate: at most `draft_max`, and one fewer
+    /// than it has left, so that its verified rows stay inside what it reserved.
+    fn draft(&mut self) {
+        let Some((drafter, _, draft_min)) = self.drafter.as_mut() else { return };
+        let mut asked = Vec::with_capacity(self.running.len());
+        let mut which = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let left = s.request.max_tokens.saturating_sub(s.generated);
+            if s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants() {
+                let s = &*s;
+                asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max: s.pace.len.min(left - 1) });
+                which.push(i);
+            }
+        }
+        self.drafts.resize_with(asked.len(), Vec::new);
+        self.drafts.iter_mut().for_each(Vec::clear);
+        if asked.is_empty() {
+            return;
+        }
+        let backend = self.backend;
+        if let Err(e) = drafter.propose(backend, &asked, &mut self.drafts[..asked.len()]) {
+            tracing::warn!("drafting failed, this step decodes without drafts: {e:#}");
+            return;
+        }
+        let least = (*draft_min).max(1);
+        drop(asked);
+        for (k, &i) in which.iter().enumerate() {
+            let d = &mut self.drafts[k];
+            if d.len() >= least {
+                let s = &mut self.running[i];
+                d.truncate(s.request.max_tokens.saturating_sub(s.generated + 1));
+                std::mem::swap(&mut s.draft, d);
+            }
         }
     }
 
@@ -403,26 +517,31 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     }
 
     /// Run: the forward over the planned rows, then the ids on the device or the logits
-    /// on the host. Returns (whether a prompt is scored, whether the ids came from the
-    /// device).
-    fn run(&mut self) -> anyhow::Result<(bool, bool)> {
+    /// on the host. Returns whether the ids came from the device; `first[k]` is member
+    /// k's first logits row.
+    fn run(&mut self) -> anyhow::Result<bool> {
         // A prompt being scored needs the logits of every row it feeds, every other
         // sequence those of its last row: `first[k]` is sequence k's first logits row
         // (per-row results do not depend on which rows are kept).
+        // A sequence verifying a draft needs the logits of its rows from the last sampled
+        // token on.
         let any_scored = self.members.iter().any(|&i| Self::scoring(&self.running[i]));
+        let any_drafts = self.members.iter().any(|&i| !self.running[i].draft.is_empty());
         self.wanted.clear();
         self.first.clear();
-        if any_scored {
-            for (k, &i) in self.members.iter().enumerate() {
-                self.first.push(self.wanted.len());
-                if Self::scoring(&self.running[i]) {
-                    self.wanted.extend(self.seqs[k].rows.clone());
-                } else {
-                    self.wanted.push(self.seqs[k].rows.end - 1);
-                }
+        for (k, &i) in self.members.iter().enumerate() {
+            self.first.push(self.wanted.len());
+            let s = &self.running[i];
+            let rows = self.seqs[k].rows.clone();
+            if !(any_scored || any_drafts) {
+                self.wanted.push(0); // only counted: row k is sequence k's last
+            } else if Self::scoring(s) {
+                self.wanted.extend(rows);
+            } else {
+                self.wanted.extend(rows.end - 1 - s.draft.len()..rows.end);
             }
         }
-        let rows = if any_scored { LogitRows::Rows(&self.wanted) } else { LogitRows::LastOfEachSeq };
+        let rows = if any_scored || any_drafts { LogitRows::Rows(&self.wanted) } else { LogitRows::LastOfEachSeq };
         // The ids alone suffice when every sequence takes the argmax of raw logits.
         let argmax_only = !any_scored
             && self.members.iter().all(|&i| {
@@ -441,14 +560,14 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         self.cache_refs = caches.into_iter().map(|_| -> Option<&'static ()> { unreachable!("empty") }).collect();
         let out = result?;
         if argmax_only && self.backend.argmax_rows(&out, &mut self.device_ids)? {
-            return Ok((false, true));
+            return Ok(true);
         }
         self.backend.to_host(&out, &mut self.logits)?;
-        Ok((any_scored, false))
+        Ok(false)
     }
 
     /// Update: score prompt rows, pick each sequence's token, report, retire.
-    fn update(&mut self, any_scored: bool, on_device: bool, out: &mut Vec<(u64, Event)>) {
+    fn update(&mut self, on_device: bool, out: &mut Vec<(u64, Event)>) {
         let now = Instant::now();
         self.finished.clear();
         for k in 0..self.members.len() {
@@ -456,8 +575,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let fed = self.feed[i];
             let seq = &mut self.running[i];
             let id = seq.request.id;
-            // The logits row of this sequence's last fed token.
-            let row = if any_scored { self.first[k] + if Self::scoring(seq) { fed - 1 } else { 0 } } else { k };
+            // The logits row of this sequence's last fed token (of the last sampled one
+            // when it verifies a draft: the draft's rows follow).
+            let row = self.first[k] + if Self::scoring(seq) { fed - 1 } else { 0 };
             if let Some(n) = seq.request.prompt_logprobs
                 && seq.cached < seq.request.prompt.len()
             {
@@ -490,7 +610,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     out.push((id, Event::PromptLogprobs(scored)));
                 }
             }
-            seq.cached += fed;
+            let drafted = seq.draft.len();
+            seq.cached += fed - drafted;
             if seq.cached < seq.tokens.len() {
                 continue; // a prompt chunk: more of the prompt to come
             }
@@ -498,49 +619,70 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 self.finished.push((i, Some(Finish::Length))); // the prompt is scored: done
                 continue;
             }
-            let (step, position) = (seq.generated, seq.cached - 1);
-            let picked = if on_device {
-                match self.device_ids[k] {
-                    NON_FINITE_ROW => Err(non_finite_message(step, position, None)),
-                    id => Ok((id, None)),
+            // Row j picks the token after the last sampled one and j drafts; it is used
+            // only while every draft before it was the token picked there.
+            let mut accepted = 0;
+            for j in 0..=drafted {
+                if j > 0 {
+                    seq.cached += 1; // draft j - 1, now the last token, is in the cache
                 }
-            } else {
-                let logits = self.logits.row(row);
-                // One branch-free pass (it vectorizes); the position only when it fails.
-                let finite = logits.iter().fold(true, |f, v| f & v.is_finite());
-                match (!finite).then(|| logits.iter().position(|v| !v.is_finite())).flatten() {
-                    Some(t) => Err(non_finite_message(step, position, Some((t, logits[t])))),
-                    None => {
-                        let id = seq.sampler.sample(logits);
-                        Ok((id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n))))
+                let (step, position) = (seq.generated, seq.cached - 1);
+                let picked = if on_device {
+                    match self.device_ids[row + j] {
+                        NON_FINITE_ROW => Err(non_finite_message(step, position, None)),
+                        id => Ok((id, None)),
                     }
+                } else {
+                    let logits = self.logits.row(row + j);
+                    // One branch-free pass (it vectorizes); the position only when it fails.
+                    let finite = logits.iter().fold(true, |f, v| f & v.is_finite());
+                    match (!finite).then(|| logits.iter().position(|v| !v.is_finite())).flatten() {
+                        Some(t) => Err(non_finite_message(step, position, Some((t, logits[t])))),
+                        None => {
+                            let id = seq.sampler.sample(logits);
+                            Ok((id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n))))
+                        }
+                    }
+                };
+                let (token, logprobs) = match picked {
+                    Ok(p) => p,
+                    Err(e) => {
+                        out.push((id, Event::Failed(e)));
+                        self.finished.push((i, None));
+                        break;
+                    }
+                };
+                seq.sampler.accept_generated(token);
+                seq.generated += 1;
+                self.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                match seq.last_token_at {
+                    None => self.metrics.ttft.observe(now.duration_since(seq.request.arrived).as_secs_f64()),
+                    Some(t) => self.metrics.itl.observe(now.duration_since(t).as_secs_f64()),
                 }
-            };
-            let (token, logprobs) = match picked {
-                Ok(p) => p,
-                Err(e) => {
-                    out.push((id, Event::Failed(e)));
-                    self.finished.push((i, None));
-                    continue;
+                seq.last_token_at = Some(now);
+                if self.end_of_generation.contains(&token) && !seq.request.ignore_eos {
+                    out.push((id, Event::EndToken { id: token, logprobs }));
+                    self.finished.push((i, Some(Finish::Eos)));
+                    break;
                 }
-            };
-            seq.sampler.accept_generated(token);
-            seq.generated += 1;
-            self.metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
-            match seq.last_token_at {
-                None => self.metrics.ttft.observe(now.duration_since(seq.request.arrived).as_secs_f64()),
-                Some(t) => self.metrics.itl.observe(now.duration_since(t).as_secs_f64()),
+                seq.tokens.push(token);
+                out.push((id, Event::Token { id: token, logprobs }));
+                if seq.generated >= seq.request.max_tokens {
+                    self.finished.push((i, Some(Finish::Length)));
+                    break;
+                }
+                if j == drafted || seq.draft[j] != token {
+                    break;
+                }
+                accepted += 1;
             }
-            seq.last_token_at = Some(now);
-            if self.end_of_generation.contains(&token) && !seq.request.ignore_eos {
-                out.push((id, Event::EndToken { id: token, logprobs }));
-                self.finished.push((i, Some(Finish::Eos)));
-                continue;
-            }
-            seq.tokens.push(token);
-            out.push((id, Event::Token { id: token, logprobs }));
-            if seq.generated >= seq.request.max_tokens {
-                self.finished.push((i, Some(Finish::Length)));
+            if drafted > 0 {
+                let draft_max = self.drafter.as_ref().map_or(1, |d| d.1);
+                seq.pace.update(drafted, accepted as usize, draft_max);
+                self.metrics.spec_drafts.fetch_add(1, Ordering::Relaxed);
+                self.metrics.spec_draft_tokens.fetch_add(drafted as u64, Ordering::Relaxed);
+                self.metrics.spec_accepted_tokens.fetch_add(accepted, Ordering::Relaxed);
+                seq.draft.clear();
             }
         }
         self.finished.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
@@ -686,6 +828,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 generated: 0,
                 sampler,
                 last_token_at: None,
+                draft: Vec::new(),
+                pace: DraftPace::new(self.drafter.as_ref().map_or(1, |d| d.1)),
             });
         }
     }

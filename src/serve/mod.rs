@@ -100,7 +100,8 @@ impl AppState {
 /// the HTTP side needs, then loop. Call it on the thread (and rayon pool) that should
 /// run the model.
 pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Result<()> {
-    let Engine { backend, model, tokenizer, chat_template, chat_template_error, end_of_generation } = engine;
+    let Engine { backend, model, tokenizer, chat_template, chat_template_error, end_of_generation, speculation } =
+        engine;
     let info = model.info().clone();
     let mut cfg = state.config.scheduler.clone();
     cfg.parallel = cfg.parallel.max(1);
@@ -118,6 +119,10 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     }
     tracing::info!(slots = cfg.parallel, ctx_size = cfg.ctx_size, "ready: /health answers 200");
     let mut scheduler = Scheduler::new(&backend, &*model, cfg, end_of_generation, state.metrics.clone());
+    if let Some(sp) = &speculation {
+        tracing::info!("speculative decoding: {}", sp.describe());
+        scheduler = scheduler.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min);
+    }
     route(&mut scheduler, rx, &state.stop);
     Ok(())
 }
