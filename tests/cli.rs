@@ -1161,3 +1161,52 @@ fn generate_speculates_without_changing_the_output() {
     let o = forge(&["generate", "-m", m, "-p", "hi", "--draft-ngram", "2", "--model-draft", d]);
     assert!(!o.status.success() && stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
 }
+
+/// `--json-schema` (text or file), `--grammar` and `--regex` hold the output to them;
+/// what cannot be enforced, or cannot be read, is one `error:` line.
+#[test]
+fn generate_holds_output_to_schemas_grammars_and_regexes() {
+    let model = fixture("tiny-llama");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| -> String {
+        let mut args = vec!["generate", "-m", m, "-p", "hello", "-n", "60", "-s", "3", "--json"];
+        args.extend_from_slice(extra);
+        let o = forge(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["stop_reason"], "eos", "{v}");
+        v["text"].as_str().unwrap().to_owned()
+    };
+    let schema = r#"{"type":"object","properties":{"c":{"enum":["red","blue"]},"n":{"type":"integer","minimum":3,"maximum":7}},"required":["c","n"],"additionalProperties":false}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("schema.json");
+    std::fs::write(&file, schema).unwrap();
+    for flag in [
+        &["--json-schema", schema][..],
+        &["--json-schema", file.to_str().unwrap()][..],
+        &["-jf", file.to_str().unwrap()][..],
+    ] {
+        let v: Value = serde_json::from_str(&run(flag)).unwrap();
+        assert!(["red", "blue"].contains(&v["c"].as_str().unwrap()), "{v}");
+        assert!((3..=7).contains(&v["n"].as_i64().unwrap()), "{v}");
+    }
+    let t = run(&["--grammar", "root ::= (\"ab\" | \"cd\") [0-9]"]);
+    assert!(t.len() == 3 && (t.starts_with("ab") || t.starts_with("cd")) && t.as_bytes()[2].is_ascii_digit(), "{t:?}");
+    let t = run(&["--regex", "x[yz]{2,3}"]);
+    assert!(
+        t.starts_with('x') && (3..=4).contains(&t.len()) && t[1..].bytes().all(|c| c == b'y' || c == b'z'),
+        "{t:?}"
+    );
+    let cases: [(&[&str], &str); 5] = [
+        (&["--json-schema", r#"{"type":"array","uniqueItems":true}"#], "Unimplemented keys: [\"uniqueItems\"]"),
+        (&["--json-schema", "missing.json"], "--json-schema missing.json: no such file"),
+        (&["--json-schema", "{oops"], "--json-schema: not valid JSON"),
+        (&["--grammar", "root ::= nowhere"], "GBNF grammar"),
+        (&["--regex", "(a"], "regex"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["generate", "-m", m, "-p", "hi", "-n", "4"];
+        args.extend_from_slice(extra);
+        assert_clean_error(&forge(&args), want);
+    }
+}

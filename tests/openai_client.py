@@ -93,4 +93,46 @@ except openai.BadRequestError:
     pass
 else:
     raise AssertionError("empty messages were accepted")
+
+# Structured output: response_format json_schema (strict) and json_object give JSON that
+# parses and validates, whole and streamed; a schema that cannot be enforced is a 400.
+import json
+
+schema = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 1, "maximum": 9},
+        "done": {"type": "boolean"},
+    },
+    "required": ["color", "count", "done"],
+    "additionalProperties": False,
+}
+fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+for temperature in (0, 1.0):
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=temperature,
+                                       seed=7, response_format=fmt)
+    v = json.loads(r.choices[0].message.content)
+    assert set(v) == {"color", "count", "done"} and v["color"] in ("red", "green", "blue"), v
+    assert isinstance(v["count"], int) and 1 <= v["count"] <= 9 and isinstance(v["done"], bool), v
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
+s = client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0, stream=True,
+                                   response_format=fmt)
+streamed = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+assert json.loads(streamed) == json.loads(
+    client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0,
+                                   response_format=fmt).choices[0].message.content), streamed
+r = client.chat.completions.create(model=model, messages=messages, max_tokens=60, temperature=0,
+                                   response_format={"type": "json_object"})
+if r.choices[0].finish_reason == "stop":
+    assert isinstance(json.loads(r.choices[0].message.content), dict), r.choices[0].message.content
+else:
+    assert r.choices[0].message.content.startswith("{"), r.choices[0].message.content
+try:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}
+    client.chat.completions.create(model=model, messages=messages, max_tokens=8, response_format=bad)
+except openai.BadRequestError as e:
+    assert "uniqueItems" in e.body.get("message", ""), e.body
+else:
+    raise AssertionError("an unenforceable schema was accepted")
 print("openai client: all checks passed")

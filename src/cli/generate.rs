@@ -4,7 +4,7 @@
 //! `--min-p`, `--repeat-penalty`, ...), with the older long names kept as aliases.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -12,6 +12,7 @@ use clap::Args;
 
 use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
+use batch_forge::engine::grammar::{GrammarSpec, Grammars};
 use batch_forge::engine::text::TextOut;
 use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopHere, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
@@ -164,6 +165,8 @@ pub struct GenerateArgs {
     no_escape: bool,
     #[command(flatten)]
     spec: super::SpecArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Compute every row as `forge serve` does, whatever the rows beside it (the
     /// batch-invariant kernels; prompts a few percent slower): the tokens `forge serve`
     /// gives, and those of speculative decoding, which turns it on.
@@ -214,6 +217,61 @@ fn process_escapes(s: &str) -> String {
     out
 }
 
+/// Structured output (llama.cpp's names; each value is a file's path or the text itself).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ConstraintArgs {
+    /// Output JSON that validates against this schema (a file, or the schema's text).
+    #[arg(short = 'j', long = "json-schema", value_name = "SCHEMA", allow_hyphen_values = true,
+          conflicts_with_all = ["grammar", "regex", "json_schema_file", "grammar_file"])]
+    json_schema: Option<String>,
+    /// --json-schema from a file (llama.cpp's -jf).
+    #[arg(long = "json-schema-file", value_name = "FILE", conflicts_with_all = ["grammar", "regex", "grammar_file"])]
+    json_schema_file: Option<PathBuf>,
+    /// Output text in this grammar: GBNF (llama.cpp's format), or llguidance's Lark when
+    /// it starts with `%llguidance` or defines `start:` (a file, or the grammar's text).
+    #[arg(long, value_name = "GRAMMAR", allow_hyphen_values = true, conflicts_with_all = ["regex", "grammar_file"])]
+    grammar: Option<String>,
+    /// --grammar from a file.
+    #[arg(long = "grammar-file", value_name = "FILE", conflicts_with = "regex")]
+    grammar_file: Option<PathBuf>,
+    /// Output text that matches this regular expression as a whole.
+    #[arg(long, value_name = "REGEX", allow_hyphen_values = true)]
+    regex: Option<String>,
+}
+
+impl ConstraintArgs {
+    /// The constraint asked for, its files read; `None` when there is none.
+    pub fn spec(&self) -> anyhow::Result<Option<GrammarSpec>> {
+        let read = |flag: &str, path: &Path| {
+            std::fs::read_to_string(path).with_context(|| format!("{flag} {}: cannot read it", path.display()))
+        };
+        // A value that names an existing file is read; one word that is not a file is a
+        // missing file; anything else is the text itself.
+        let text_or_file = |flag: &str, v: &str| -> anyhow::Result<String> {
+            let path = Path::new(v);
+            let text = v.trim_start().starts_with('{') || v.contains("::=") || v.contains(char::is_whitespace);
+            match (text, path.is_file()) {
+                (false, true) => read(flag, path),
+                (false, false) => anyhow::bail!("{flag} {v}: no such file (or give the text itself)"),
+                (true, _) => Ok(v.to_owned()),
+            }
+        };
+        let schema = |flag: &str, text: String| -> anyhow::Result<GrammarSpec> {
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{flag}: not valid JSON ({e})"))?;
+            Ok(GrammarSpec::JsonSchema(v))
+        };
+        Ok(Some(match (&self.json_schema, &self.json_schema_file, &self.grammar, &self.grammar_file, &self.regex) {
+            (Some(s), ..) => schema("--json-schema", text_or_file("--json-schema", s)?)?,
+            (_, Some(f), ..) => schema("--json-schema-file", read("--json-schema-file", f)?)?,
+            (_, _, Some(g), ..) => GrammarSpec::grammar(&text_or_file("--grammar", g)?),
+            (_, _, _, Some(f), _) => GrammarSpec::grammar(&read("--grammar-file", f)?),
+            (.., Some(r)) => GrammarSpec::Regex(r.clone()),
+            _ => return Ok(None),
+        }))
+    }
+}
+
 /// Where the prompt text came from, for the stderr note.
 enum PromptSource {
     Argument,
@@ -241,9 +299,14 @@ impl GenerateArgs {
                 !self.spec.is_on(),
                 "--backend both compares logits step by step; it takes no --draft-ngram or --model-draft"
             );
+            anyhow::ensure!(
+                self.constraint.spec()?.is_none(),
+                "--backend both compares logits step by step; it takes no --json-schema, --grammar or --regex"
+            );
         }
         self.backend.validate("generate")?;
         self.spec.validate()?;
+        self.constraint.spec()?; // files readable, schemas JSON
         super::check_threads(self.threads.as_slice())?;
         anyhow::ensure!(self.stop.len() <= 4, "at most 4 --stop strings, got {}", self.stop.len());
         anyhow::ensure!(self.stop.iter().all(|s| !s.is_empty()), "a --stop string must not be empty");
@@ -494,6 +557,14 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
         engine.use_chat_template_file(file)?;
     }
     args.spec.apply(&mut engine, "generate")?;
+    let constraint = match args.constraint.spec()? {
+        Some(spec) => {
+            let info = engine.model.info();
+            let grammars = Grammars::new(&engine.tokenizer, info.vocab_size, &engine.end_of_generation)?;
+            Some(grammars.compile(&spec).map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
     let load_time = load_start.elapsed();
     let tok = &engine.tokenizer;
     let n_positions = engine.model.info().context_length;
@@ -510,7 +581,7 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     // The text as the API builds it: whole characters, stop strings cut (and text that
     // may begin one held back until it is decided).
     let mut text = TextOut::new(tok, &args.stop);
-    let result = engine.generate(&prompt_ids, &params, |id| {
+    let result = engine.generate_constrained(&prompt_ids, &params, constraint, |id| {
         if engine.is_eos(id) && !args.ignore_eos {
             return Ok(());
         }

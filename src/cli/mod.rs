@@ -42,7 +42,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
-    Generate(generate::GenerateArgs),
+    Generate(Box<generate::GenerateArgs>),
     /// Talk with a model through its chat template (interactive; keeps the KV cache between turns).
     Chat(chat::ChatArgs),
     /// Perplexity of a text file, with llama-perplexity's method and output.
@@ -306,7 +306,7 @@ pub(crate) use with_backend;
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Generate(a) => generate::run(a),
+        Command::Generate(a) => generate::run(*a),
         Command::Chat(a) => chat::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Tokenize(a) => tokenize::run(a),
@@ -352,7 +352,6 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
         "this sampler is not implemented (use --temp, --top-k, --top-p, --min-p, --repeat-penalty, \
          --presence-penalty, --frequency-penalty)",
     ),
-    (&["--grammar", "--grammar-file", "-j", "--json-schema"], "constrained sampling is not implemented"),
     (&["--lora", "--lora-scaled", "--control-vector"], "adapters are not implemented"),
     (&["-e", "--escape"], "escapes in -p are processed by default (--no-escape turns it off)"),
     (&["-no-cnv", "--no-conversation", "-st", "--single-turn"], "generate runs one prompt and ends; drop the flag"),
@@ -368,7 +367,8 @@ const UNSUPPORTED: &[(&[&str], &str)] = &[
 const TAKES_VALUE: &[&str] = &["-p", "--prompt", "-f", "--file", "-m", "--model", "--system-prompt", "--model-draft"];
 
 /// llama.cpp's multi-letter single-dash names that forge has under a long name.
-pub const ALIASES: &[(&str, &str)] = &[("-sys", "--system-prompt"), ("-np", "--parallel"), ("-md", "--model-draft")];
+pub const ALIASES: &[(&str, &str)] =
+    &[("-sys", "--system-prompt"), ("-np", "--parallel"), ("-md", "--model-draft"), ("-jf", "--json-schema-file")];
 
 /// The command line with llama.cpp's aliases ([`ALIASES`]) spelled as forge's long names.
 pub fn expand_aliases(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

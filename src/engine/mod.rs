@@ -12,6 +12,8 @@
 //! - [`perplexity`], [`lockstep`]: scoring and backend comparison, which need every
 //!   row's logits rather than picked tokens.
 
+pub mod gbnf;
+pub mod grammar;
 pub mod lockstep;
 pub mod logprobs;
 pub mod metrics;
@@ -353,11 +355,23 @@ impl<B: Backend> Engine<B> {
         params: &GenerateParams,
         on_token: impl FnMut(u32) -> anyhow::Result<()>,
     ) -> anyhow::Result<Generation> {
+        self.generate_constrained(prompt_ids, params, None, on_token)
+    }
+
+    /// [`Engine::generate`] with the output held to `constraint` (structured output,
+    /// [`grammar`]): it ends with [`StopReason::Eos`] once the output is complete.
+    pub fn generate_constrained(
+        &self,
+        prompt_ids: &[u32],
+        params: &GenerateParams,
+        constraint: Option<grammar::Constraint>,
+        on_token: impl FnMut(u32) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Generation> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         let positions = scheduler::positions_for(prompt_ids.len(), budget);
         let mut scheduler = self.scheduler(SchedulerConfig::single(positions));
-        run_request(&mut scheduler, None, prompt_ids, budget, params, on_token)
+        run_request(&mut scheduler, None, prompt_ids, budget, params, constraint, on_token)
     }
 
     /// [`Engine::generate`] within a session: the cached prefix that `prompt_ids` shares
@@ -379,7 +393,7 @@ impl<B: Backend> Engine<B> {
         );
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
-        run_request(&mut session.scheduler, Some(SESSION), prompt_ids, budget, params, on_token)
+        run_request(&mut session.scheduler, Some(SESSION), prompt_ids, budget, params, None, on_token)
     }
 }
 
@@ -391,6 +405,7 @@ fn run_request<B: Backend>(
     prompt_ids: &[u32],
     budget: usize,
     params: &GenerateParams,
+    constraint: Option<grammar::Constraint>,
     mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
 ) -> anyhow::Result<Generation> {
     let mut generation = Generation {
@@ -411,6 +426,7 @@ fn run_request<B: Backend>(
     request.logprobs = params.logprobs;
     request.ignore_eos = params.ignore_eos;
     request.session = session;
+    request.constraint = constraint;
     scheduler.add(request);
     let start = Instant::now();
     let spec = |s: &Scheduler<'_, B>| {
@@ -439,7 +455,10 @@ fn run_request<B: Backend>(
                     generation.stop = StopReason::Eos;
                     (id, logprobs)
                 }
-                Event::Finished { .. } => {
+                Event::Finished { reason, .. } => {
+                    if reason == Finish::Eos {
+                        generation.stop = StopReason::Eos; // also a constrained output complete
+                    }
                     done(&mut generation, scheduler);
                     return Ok(generation);
                 }

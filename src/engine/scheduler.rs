@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::grammar::{Constraint, Mask};
 use super::logprobs::token_logprobs;
 use super::metrics::{Gauges, Metrics};
 use super::prefix_cache::PrefixCache;
@@ -67,6 +68,9 @@ pub struct Request {
     /// to the session (not in the shared prefix cache), and the session's next request
     /// reuses every cached position its prompt shares (`chat`).
     pub session: Option<u64>,
+    /// Structured output: every token is picked among those the constraint allows,
+    /// and the sequence ends when its output is complete.
+    pub constraint: Option<Constraint>,
     pub arrived: Instant,
 }
 
@@ -82,6 +86,7 @@ impl Request {
             prompt_logprobs: None,
             ignore_eos: false,
             session: None,
+            constraint: None,
             arrived: Instant::now(),
         }
     }
@@ -206,6 +211,8 @@ struct Seq<C> {
     draft: Vec<u32>,
     /// How much to draft: [`DraftPace`].
     pace: DraftPace,
+    /// The request's output constraint, if any.
+    constraint: Option<Constraint>,
 }
 
 /// A sequence's draft length, adapted to how its drafts fare: it doubles (up to
@@ -291,6 +298,9 @@ pub struct Scheduler<'m, B: Backend> {
     /// Speculative decoding: what drafts, and the draft lengths (most, least).
     drafter: Option<(Box<dyn Drafter<B> + 'm>, usize, usize)>,
     drafts: Vec<Vec<u32>>,
+    /// The mask of each member's first pick this step, for constrained sequences
+    /// (computed while the forward runs).
+    masks: Vec<Option<Result<Mask, String>>>,
 }
 
 impl<'m, B: Backend> Scheduler<'m, B> {
@@ -326,6 +336,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             cache_refs: Vec::with_capacity(parallel),
             drafter: None,
             drafts: Vec::new(),
+            masks: Vec::new(),
         }
     }
 
@@ -503,8 +514,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         drop(asked);
         for (k, &i) in which.iter().enumerate() {
             let d = &mut self.drafts[k];
+            let s = &mut self.running[i];
+            if let Some(c) = s.constraint.as_mut() {
+                d.truncate(c.accepts(d)); // a draft the output may not take is not verified
+            }
             if d.len() >= least {
-                let s = &mut self.running[i];
                 d.truncate(s.request.max_tokens.saturating_sub(s.generated + 1));
                 std::mem::swap(&mut s.draft, d);
             }
@@ -545,17 +559,43 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         // The ids alone suffice when every sequence takes the argmax of raw logits.
         let argmax_only = !any_scored
             && self.members.iter().all(|&i| {
-                let r = &self.running[i].request;
-                r.logprobs.is_none() && r.sampling.is_argmax()
+                let (r, c) = (&self.running[i].request, &self.running[i].constraint);
+                r.logprobs.is_none() && r.sampling.is_argmax() && c.is_none()
             });
         // The list of cache references reuses one allocation across steps.
         let mut caches: Vec<&mut B::KvCache> = std::mem::take(&mut self.cache_refs)
             .into_iter()
             .map(|_| -> &mut B::KvCache { unreachable!("empty") })
             .collect();
-        caches.extend(self.running.iter_mut().zip(&self.feed).filter(|(_, f)| **f > 0).map(|(s, _)| &mut s.cache));
+        // Constrained sequences that pick a token this step: their masks are computed
+        // on another thread while the forward runs.
+        let mut constrained: Vec<(usize, &mut Constraint)> = Vec::new();
+        for (s, &f) in self.running.iter_mut().zip(&self.feed).filter(|(_, f)| **f > 0) {
+            let k = caches.len();
+            let picks = s.cached + f - s.draft.len() == s.tokens.len() && s.request.max_tokens > 0;
+            let Seq { cache, constraint, .. } = s;
+            caches.push(cache);
+            if let Some(c) = constraint.as_mut().filter(|_| picks) {
+                constrained.push((k, c));
+            }
+        }
         let batch = Batch { tokens: &self.tokens, seqs: &self.seqs };
-        let result = self.model.forward(self.backend, &batch, &mut caches, rows);
+        let (model, backend) = (self.model, self.backend);
+        let masks = &mut self.masks;
+        masks.clear();
+        masks.resize_with(caches.len(), || None);
+        let result = if constrained.is_empty() {
+            model.forward(backend, &batch, &mut caches, rows)
+        } else {
+            rayon::in_place_scope(|scope| {
+                scope.spawn(|_| {
+                    for (k, c) in constrained {
+                        masks[k] = Some(c.mask());
+                    }
+                });
+                model.forward(backend, &batch, &mut caches, rows)
+            })
+        };
         caches.clear();
         self.cache_refs = caches.into_iter().map(|_| -> Option<&'static ()> { unreachable!("empty") }).collect();
         let out = result?;
@@ -639,8 +679,26 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     match (!finite).then(|| logits.iter().position(|v| !v.is_finite())).flatten() {
                         Some(t) => Err(non_finite_message(step, position, Some((t, logits[t])))),
                         None => {
-                            let id = seq.sampler.sample(logits);
-                            Ok((id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n))))
+                            let cols = self.logits.cols;
+                            let logits = &mut self.logits.data[(row + j) * cols..(row + j + 1) * cols];
+                            // A constrained pick: the tokens the output may not take are −∞.
+                            let allowed = match seq.constraint.as_mut() {
+                                None => Ok(()),
+                                Some(c) => {
+                                    let mask = if j == 0 { self.masks[k].take() } else { None };
+                                    mask.unwrap_or_else(|| c.mask()).and_then(|m| {
+                                        if c.apply(&m, logits) {
+                                            Ok(())
+                                        } else {
+                                            Err("the output constraint allows no token here".to_owned())
+                                        }
+                                    })
+                                }
+                            };
+                            allowed.map(|()| {
+                                let id = seq.sampler.sample(logits);
+                                (id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n)))
+                            })
                         }
                     }
                 };
@@ -660,15 +718,27 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     Some(t) => self.metrics.itl.observe(now.duration_since(t).as_secs_f64()),
                 }
                 seq.last_token_at = Some(now);
-                if self.end_of_generation.contains(&token) && !seq.request.ignore_eos {
+                // A constrained output ends where its constraint allows an end of
+                // generation and the model picks one, `ignore_eos` or not.
+                let ends = !seq.request.ignore_eos || seq.constraint.is_some();
+                if self.end_of_generation.contains(&token) && ends {
                     out.push((id, Event::EndToken { id: token, logprobs }));
                     self.finished.push((i, Some(Finish::Eos)));
+                    break;
+                }
+                if let Some(Err(e)) = seq.constraint.as_mut().map(|c| c.accept(token)) {
+                    out.push((id, Event::Failed(e)));
+                    self.finished.push((i, None));
                     break;
                 }
                 seq.tokens.push(token);
                 out.push((id, Event::Token { id: token, logprobs }));
                 if seq.generated >= seq.request.max_tokens {
                     self.finished.push((i, Some(Finish::Length)));
+                    break;
+                }
+                if seq.constraint.as_ref().is_some_and(Constraint::is_complete) {
+                    self.finished.push((i, Some(Finish::Eos))); // nothing may follow
                     break;
                 }
                 if j == drafted || seq.draft[j] != token {
@@ -766,7 +836,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             if self.used_blocks - held + self.prefix.blocks() + need > total {
                 break;
             }
-            let req = self.waiting.pop_front().expect("front exists");
+            let mut req = self.waiting.pop_front().expect("front exists");
+            let constraint = req.constraint.take();
             // Reuse cached positions, but always feed the prompt's last token (its
             // logits choose the first new one).
             let last = req.prompt.len() - 1;
@@ -830,6 +901,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 last_token_at: None,
                 draft: Vec::new(),
                 pace: DraftPace::new(self.drafter.as_ref().map_or(1, |d| d.1)),
+                constraint,
             });
         }
     }

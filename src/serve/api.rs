@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::Job;
 use super::protocol::*;
 use super::stream::{Meta, stream_task};
-use super::validate::{Checked, check_common, check_ids, refuse_constraints};
+use super::validate::{Checked, check_common, check_ids};
 use super::{AppState, Loaded};
 use crate::chat::Message;
 use crate::engine::scheduler::{Event, Request as EngineRequest};
@@ -239,6 +239,7 @@ fn submit(
         prompt_logprobs: c.prompt_logprobs,
         ignore_eos: c.ignore_eos,
         session: None,
+        constraint: c.constraint.clone(),
         arrived: Instant::now(),
     };
     let job = Job { request, events: tx };
@@ -290,7 +291,6 @@ pub(super) fn generation_failed(state: &AppState, message: String) -> ApiError {
 async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
-    refuse_constraints(&r)?;
     if r.messages.is_some() {
         return Err(ApiError::bad("messages", "messages belong to /v1/chat/completions; use prompt here"));
     }
@@ -338,7 +338,6 @@ async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
 async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
-    refuse_constraints(&r)?;
     if r.prompt.is_some() {
         return Err(ApiError::bad("prompt", "prompt belongs to /v1/completions; use messages here"));
     }

@@ -69,6 +69,8 @@ pub struct Loaded {
     /// The scheduler's settings with the pool size resolved.
     pub scheduler: SchedulerConfig,
     pub jobs: std::sync::mpsc::Sender<Job>,
+    /// Compiles structured-output constraints for this model (or why it cannot).
+    pub grammars: Result<crate::engine::grammar::Grammars, String>,
 }
 
 /// State shared by the HTTP handlers and the scheduler thread.
@@ -112,8 +114,10 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     cfg.batch_tokens = cfg.batch_tokens.max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let loaded =
-        Loaded { tokenizer, chat_template, chat_template_error, info, created, scheduler: cfg.clone(), jobs: tx };
+    let grammars = crate::engine::grammar::Grammars::new(&tokenizer, info.vocab_size, &end_of_generation)
+        .map_err(|e| format!("{e:#}"));
+    let scheduler = cfg.clone();
+    let loaded = Loaded { tokenizer, chat_template, chat_template_error, info, created, scheduler, jobs: tx, grammars };
     if state.loaded.set(loaded).is_err() {
         anyhow::bail!("the server's model was loaded twice");
     }

@@ -158,9 +158,9 @@ pub(super) struct GenRequest {
     pub(super) ignore_eos: Option<bool>,
     #[serde(default)]
     pub(super) suffix: Option<String>,
-    /// Output constraints, refused until they are enforced: OpenAI's `response_format`
-    /// (`text` is no constraint), llama-server's `grammar` and `json_schema`, vLLM's
-    /// `guided_*`.
+    /// Output constraints (structured output, [`super::validate::constraint_of`]):
+    /// OpenAI's `response_format` (`text` is no constraint), llama-server's `grammar`
+    /// and `json_schema`, vLLM's `guided_*`.
     #[serde(default)]
     pub(super) response_format: Option<Value>,
     #[serde(default)]

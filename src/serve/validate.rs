@@ -4,9 +4,12 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use serde_json::Value;
+
 use super::Loaded;
 use super::protocol::*;
 use crate::engine::SamplingParams;
+use crate::engine::grammar::{Constraint, GrammarSpec};
 use crate::engine::scheduler::{BLOCK_TOKENS, blocks_for, positions_for};
 
 /// Token ids from a request, each inside the vocabulary.
@@ -21,33 +24,86 @@ pub(super) fn check_ids(ids: &[i64], vocab: usize, param: &'static str) -> Resul
         .collect()
 }
 
-/// A request that asks for constrained output is refused (400) rather than answered with
-/// unconstrained text: structured output is not implemented.
-pub(super) fn refuse_constraints(r: &GenRequest) -> Result<(), ApiError> {
-    if let Some(f) = &r.response_format
-        && !f.is_null()
-        && f["type"] != "text"
-    {
-        return Err(ApiError::bad(
-            "response_format",
-            format!("response_format {} is not supported: this server does not enforce output formats", f["type"]),
-        ));
+/// The output constraint a request asks for (OpenAI's `response_format`, llama-server's
+/// `json_schema` and `grammar`, vLLM's `guided_*`), compiled for the model; one that
+/// cannot be enforced is a 400 naming what could not, never unconstrained text.
+pub(super) fn constraint_of(r: &GenRequest, l: &Loaded) -> Result<Option<Constraint>, ApiError> {
+    let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    let mut asked: Vec<(&'static str, GrammarSpec)> = Vec::new();
+    if let Some(f) = r.response_format.as_ref().filter(|f| !f.is_null()) {
+        let spec = match f["type"].as_str() {
+            Some("text") => None,
+            // llama-server also takes a schema beside json_object.
+            Some("json_object") => Some(match f.get("schema").filter(|s| !s.is_null()) {
+                Some(schema) => GrammarSpec::JsonSchema(schema.clone()),
+                None => GrammarSpec::JsonObject,
+            }),
+            Some("json_schema") => match f["json_schema"].get("schema").or_else(|| f.get("schema")) {
+                Some(schema) => Some(GrammarSpec::JsonSchema(schema.clone())),
+                None => {
+                    return Err(ApiError::bad(
+                        "response_format",
+                        "response_format json_schema needs json_schema.schema (the schema itself)",
+                    ));
+                }
+            },
+            _ => {
+                return Err(ApiError::bad(
+                    "response_format",
+                    format!("response_format type {} is not one of text, json_object, json_schema", f["type"]),
+                ));
+            }
+        };
+        asked.extend(spec.map(|s| ("response_format", s)));
     }
-    let fields = [
-        ("grammar", &r.grammar),
-        ("json_schema", &r.json_schema),
-        ("guided_json", &r.guided_json),
-        ("guided_regex", &r.guided_regex),
-        ("guided_choice", &r.guided_choice),
-        ("guided_grammar", &r.guided_grammar),
-    ];
-    if let Some((name, _)) = fields.iter().find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null())) {
-        return Err(ApiError::bad(
-            name,
-            format!("{name} is not supported: this server does not enforce output constraints"),
-        ));
+    let text = |name: &'static str, v: &Value| -> Result<String, ApiError> {
+        v.as_str().map(str::to_owned).ok_or_else(|| ApiError::bad(name, format!("{name} must be a string")))
+    };
+    let schema = |name: &'static str, v: &Value| -> Result<GrammarSpec, ApiError> {
+        match v {
+            Value::String(s) => serde_json::from_str(s)
+                .map(GrammarSpec::JsonSchema)
+                .map_err(|e| ApiError::bad(name, format!("{name} is not valid JSON: {e}"))),
+            v => Ok(GrammarSpec::JsonSchema(v.clone())),
+        }
+    };
+    if let Some(v) = r.json_schema.as_ref().filter(|_| given(&r.json_schema)) {
+        asked.push(("json_schema", schema("json_schema", v)?));
     }
-    Ok(())
+    if let Some(v) = r.guided_json.as_ref().filter(|_| given(&r.guided_json)) {
+        asked.push(("guided_json", schema("guided_json", v)?));
+    }
+    if let Some(v) = r.grammar.as_ref().filter(|_| given(&r.grammar)) {
+        asked.push(("grammar", GrammarSpec::grammar(&text("grammar", v)?)));
+    }
+    if let Some(v) = r.guided_grammar.as_ref().filter(|_| given(&r.guided_grammar)) {
+        asked.push(("guided_grammar", GrammarSpec::grammar(&text("guided_grammar", v)?)));
+    }
+    if let Some(v) = r.guided_regex.as_ref().filter(|_| given(&r.guided_regex)) {
+        asked.push(("guided_regex", GrammarSpec::Regex(text("guided_regex", v)?)));
+    }
+    if let Some(v) = r.guided_choice.as_ref().filter(|_| given(&r.guided_choice)) {
+        let choices: Option<Vec<String>> = v
+            .as_array()
+            .and_then(|a| a.iter().map(|c| c.as_str().map(|c| serde_json::to_string(c).ok())).collect())
+            .and_then(|c: Vec<Option<String>>| c.into_iter().collect());
+        match choices {
+            Some(c) if !c.is_empty() => {
+                asked.push(("guided_choice", GrammarSpec::Lark(format!("start: {}", c.join(" | ")))))
+            }
+            _ => return Err(ApiError::bad("guided_choice", "guided_choice must be a non-empty list of strings")),
+        }
+    }
+    let (name, spec) = match asked.len() {
+        0 => return Ok(None),
+        1 => asked.pop().expect("one"),
+        _ => {
+            let names: Vec<&str> = asked.iter().map(|a| a.0).collect();
+            return Err(ApiError::bad(asked[1].0, format!("give one output constraint, got {}", names.join(" and "))));
+        }
+    };
+    let grammars = l.grammars.as_ref().map_err(|e| ApiError::bad(name, e.clone()))?;
+    grammars.compile(&spec).map(Some).map_err(|e| ApiError::bad(name, format!("{name} cannot be enforced: {e}")))
 }
 
 /// What is left of a request once checked: the job's fields and how to answer.
@@ -62,6 +118,8 @@ pub(super) struct Checked {
     pub(super) stream: bool,
     pub(super) include_usage: bool,
     pub(super) ignore_eos: bool,
+    /// Structured output.
+    pub(super) constraint: Option<Constraint>,
 }
 
 pub(super) fn number(
@@ -206,5 +264,6 @@ pub(super) fn check_common(
         stream: r.stream.unwrap_or(false),
         include_usage: r.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false),
         ignore_eos: r.ignore_eos.unwrap_or(false),
+        constraint: constraint_of(r, l)?,
     })
 }

@@ -602,6 +602,12 @@ impl Tokenizer {
         self.decoder.len()
     }
 
+    /// Whether `id` is a special (control) token such as `<|im_end|>`: text never
+    /// produces it (user-defined tokens, which text does produce, are not special).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.specials.iter().any(|s| s.id == id && !s.always)
+    }
+
     /// The id of a special token such as `<|endoftext|>`.
     pub fn special_id(&self, text: &str) -> Option<u32> {
         self.specials.iter().find(|s| s.text == text).map(|s| s.id)
