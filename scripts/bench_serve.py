@@ -11,6 +11,11 @@ throughput. Standard library only.
 
     scripts/bench_serve.py --base-url http://127.0.0.1:8080 --num-prompts 32 \
         --input-len 128 --output-len 64 --max-concurrency 8 --vocab 49152
+
+To measure structured output, --json-schema FILE sends that schema with every request
+(OpenAI's response_format); to measure speculative decoding on a task it helps,
+--prompt-file FILE sends that text as every request's prompt (e.g. a passage and the
+instruction to repeat it) instead of random ids.
 """
 
 import argparse
@@ -100,6 +105,9 @@ def main():
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--label", default="", help="a name for this run in the report")
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument("--json-schema", default=None, help="a JSON schema file every answer must follow")
+    ap.add_argument("--prompt-file", default=None, help="every request's prompt: this file's text")
+    ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args()
     if args.num_prompts < 1 or args.input_len < 1 or args.output_len < 1 or args.vocab <= 100:
         sys.exit("--num-prompts, --input-len and --output-len must be >= 1, --vocab > 100")
@@ -107,17 +115,22 @@ def main():
     rng = random.Random(args.seed)
     url = args.base_url.rstrip("/") + args.endpoint
     bodies = []
-    for _ in range(args.num_prompts):
+    schema = json.load(open(args.json_schema)) if args.json_schema else None
+    prompt_text = open(args.prompt_file).read() if args.prompt_file else None
+    for i in range(args.num_prompts):
         body = {
-            "prompt": [rng.randrange(100, args.vocab) for _ in range(args.input_len)],
+            "prompt": prompt_text or [rng.randrange(100, args.vocab) for _ in range(args.input_len)],
             "max_tokens": args.output_len,
-            "temperature": 0,
+            "temperature": args.temperature,
+            "seed": args.seed + i,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
         if args.model:
             body["model"] = args.model
+        if schema is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
         bodies.append(body)
 
     limit = threading.Semaphore(args.max_concurrency or args.num_prompts)
@@ -145,7 +158,7 @@ def main():
     ok = [r for r in results if r and "error" not in r]
     errors = [r["error"] for r in results if r and "error" in r]
     out_tokens = sum(r["output_tokens"] for r in ok)
-    in_tokens = args.input_len * len(ok)
+    in_tokens = sum(r["prompt_tokens"] or args.input_len for r in ok)
     ttft = [r["ttft"] * 1e3 for r in ok]
     tpot = [(r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1) * 1e3 for r in ok if r["output_tokens"] > 1]
     itl = [x * 1e3 for r in ok for x in r["itl"]]

@@ -246,7 +246,7 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
         logprobs: Some(2),
     };
     let plain = engine.generate(prompt, &params, |_| Ok(())).unwrap();
-    let speculation = Speculation { method: DraftMethod::Ngram(2), draft_max: 8, draft_min: 0 };
+    let speculation = Speculation { method: DraftMethod::Ngram(2), draft_max: 8, draft_min: 0, batch_max: 1 };
     engine.speculate(speculation, None).unwrap();
     let spec = engine.generate(prompt, &params, |_| Ok(())).unwrap();
     assert_eq!(spec.generated_ids, plain.generated_ids);
@@ -257,9 +257,11 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
     // GPT-2's vocabulary is not the Llama fixture's.
     let gpt2 = load_model(&engine.backend, &fixture("tiny-gpt2")).unwrap();
     let method = DraftMethod::Model(gpt2.model);
-    let e = engine.speculate(Speculation { method, draft_max: 4, draft_min: 0 }, Some(&gpt2.tokenizer)).unwrap_err();
+    let e = engine
+        .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&gpt2.tokenizer))
+        .unwrap_err();
     assert!(e.to_string().contains("a draft model must share the model's"), "{e}");
-    let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 2, draft_min: 3 };
+    let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 2, draft_min: 3, batch_max: 1 };
     assert!(engine.speculate(bad, None).unwrap_err().to_string().contains("--draft-min (3) is larger"));
 }
 
@@ -327,4 +329,25 @@ fn drafts_change_no_bit_on_the_gpu() {
     let (spec, (drafted, accepted)) = run(&engine, 8, &requests, Some((Box::new(oracle(&requests, &plain)), 6)));
     assert_eq!(spec, plain);
     assert!(accepted > 0 && accepted < drafted, "{accepted} of {drafted}");
+}
+
+/// `--draft-batch-max`: no drafts while more sequences run than it allows.
+#[test]
+fn drafting_pauses_while_the_batch_is_large() {
+    let engine = load_cpu("tiny-llama", true);
+    let requests: Vec<Request> = prompts(384).iter().take(4).enumerate().map(|(i, p)| request(i as u64, p, 20)).collect();
+    let (plain, _) = run(&engine, 4, &requests, None);
+    let drafted = |n: usize| {
+        let mut s = Scheduler::new(&engine.backend, &*engine.model, config(4), vec![], Arc::new(Metrics::default()))
+            .with_drafter(Box::new(oracle(&requests, &plain)), 4, 0)
+            .draft_while_at_most(n);
+        requests.iter().for_each(|r| s.add(r.clone()));
+        let mut events = Vec::new();
+        while s.busy() {
+            s.step(&mut events);
+        }
+        s.metrics().spec_draft_tokens.load(Ordering::Relaxed)
+    };
+    assert_eq!(drafted(3), 0, "four sequences ran together, all the way");
+    assert!(drafted(4) > 0);
 }

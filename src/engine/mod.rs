@@ -315,7 +315,7 @@ impl<B: Backend> Engine<B> {
             std::sync::Arc::new(Metrics::default()),
         );
         match &self.speculation {
-            Some(sp) => s.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min),
+            Some(sp) => s.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min).draft_while_at_most(sp.batch_max),
             None => s,
         }
     }

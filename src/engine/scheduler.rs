@@ -297,6 +297,8 @@ pub struct Scheduler<'m, B: Backend> {
     cache_refs: Vec<Option<&'static ()>>,
     /// Speculative decoding: what drafts, and the draft lengths (most, least).
     drafter: Option<(Box<dyn Drafter<B> + 'm>, usize, usize)>,
+    /// Draft only while at most this many sequences run.
+    draft_batch_max: usize,
     drafts: Vec<Vec<u32>>,
     /// The mask of each member's first pick this step, for constrained sequences
     /// (computed while the forward runs).
@@ -335,6 +337,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             finished: Vec::with_capacity(parallel),
             cache_refs: Vec::with_capacity(parallel),
             drafter: None,
+            draft_batch_max: usize::MAX,
             drafts: Vec::new(),
             masks: Vec::new(),
         }
@@ -346,6 +349,14 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// only when the backend's kernels are batch-invariant.
     pub fn with_drafter(mut self, drafter: Box<dyn Drafter<B> + 'm>, draft_max: usize, draft_min: usize) -> Self {
         self.drafter = Some((drafter, draft_max, draft_min));
+        self
+    }
+
+    /// Draft only while at most `n` sequences run (vLLM's `disable_by_batch_size`): a
+    /// larger batch keeps the hardware busy without drafts, and their rows cost more
+    /// than they save.
+    pub fn draft_while_at_most(mut self, n: usize) -> Self {
+        self.draft_batch_max = n;
         self
     }
 
@@ -490,6 +501,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// than it has left, so that its verified rows stay inside what it reserved.
     fn draft(&mut self) {
         let Some((drafter, _, draft_min)) = self.drafter.as_mut() else { return };
+        if self.running.len() > self.draft_batch_max {
+            return;
+        }
         let mut asked = Vec::with_capacity(self.running.len());
         let mut which = Vec::with_capacity(self.running.len());
         for (i, s) in self.running.iter_mut().enumerate() {

@@ -52,6 +52,8 @@ pub struct Speculation<B: Backend> {
     pub draft_max: usize,
     /// Drafts shorter than this are not verified (llama.cpp's `--draft-min`).
     pub draft_min: usize,
+    /// Draft only while at most this many sequences run (`--draft-batch-max`).
+    pub batch_max: usize,
 }
 
 pub enum DraftMethod<B: Backend> {
@@ -82,7 +84,11 @@ impl<B: Backend> Speculation<B> {
                 format!("a draft model ({}, {} parameters)", i.architecture, i.n_params)
             }
         };
-        format!("{what}, {} to {} tokens per step", self.draft_min.max(1), self.draft_max)
+        let batch = match self.batch_max {
+            usize::MAX => String::new(),
+            n => format!(", while at most {n} sequences run"),
+        };
+        format!("{what}, {} to {} tokens per step{batch}", self.draft_min.max(1), self.draft_max)
     }
 }
 

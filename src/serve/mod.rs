@@ -125,7 +125,7 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     let mut scheduler = Scheduler::new(&backend, &*model, cfg, end_of_generation, state.metrics.clone());
     if let Some(sp) = &speculation {
         tracing::info!("speculative decoding: {}", sp.describe());
-        scheduler = scheduler.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min);
+        scheduler = scheduler.with_drafter(sp.drafter(), sp.draft_max, sp.draft_min).draft_while_at_most(sp.batch_max);
     }
     route(&mut scheduler, rx, &state.stop);
     Ok(())
