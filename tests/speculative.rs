@@ -335,7 +335,8 @@ fn drafts_change_no_bit_on_the_gpu() {
 #[test]
 fn drafting_pauses_while_the_batch_is_large() {
     let engine = load_cpu("tiny-llama", true);
-    let requests: Vec<Request> = prompts(384).iter().take(4).enumerate().map(|(i, p)| request(i as u64, p, 20)).collect();
+    let requests: Vec<Request> =
+        prompts(384).iter().take(4).enumerate().map(|(i, p)| request(i as u64, p, 20)).collect();
     let (plain, _) = run(&engine, 4, &requests, None);
     let drafted = |n: usize| {
         let mut s = Scheduler::new(&engine.backend, &*engine.model, config(4), vec![], Arc::new(Metrics::default()))
@@ -350,4 +351,41 @@ fn drafting_pauses_while_the_batch_is_large() {
     };
     assert_eq!(drafted(3), 0, "four sequences ran together, all the way");
     assert!(drafted(4) > 0);
+}
+
+/// A conversation (`forge chat`: a session whose cache stays pinned between turns) with a
+/// draft model gives every turn the tokens it gives without.
+#[test]
+fn a_conversation_speculates_turn_after_turn() {
+    let turns = |speculate: bool| -> (Vec<Vec<u32>>, usize) {
+        let mut engine = load_cpu("tiny-llama", true);
+        if speculate {
+            let draft = load_model(&engine.backend, &fixture("tiny-llama-odd")).unwrap();
+            let method = DraftMethod::Model(draft.model);
+            engine
+                .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&draft.tokenizer))
+                .unwrap();
+        }
+        let mut session = engine.new_session(120).unwrap();
+        let mut conversation: Vec<u32> = prompts(384)[3].clone();
+        let (mut out, mut drafted) = (Vec::new(), 0);
+        for turn in 0..3u64 {
+            let params = GenerateParams {
+                max_new_tokens: 12,
+                sampling: SamplingParams { seed: turn, ..SamplingParams::default() },
+                ignore_eos: true,
+                max_context: None,
+                logprobs: None,
+            };
+            let g = engine.generate_in(&mut session, &conversation, &params, |_| Ok(())).unwrap();
+            conversation.extend(&g.generated_ids);
+            conversation.extend([5, 6, 7]); // the next user message
+            drafted += g.draft_tokens;
+            out.push(g.generated_ids);
+        }
+        (out, drafted)
+    };
+    let (spec, drafted) = turns(true);
+    assert!(drafted > 0);
+    assert_eq!(spec, turns(false).0);
 }
