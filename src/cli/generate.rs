@@ -581,8 +581,10 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     // The text as the API builds it: whole characters, stop strings cut (and text that
     // may begin one held back until it is decided).
     let mut text = TextOut::new(tok, &args.stop);
+    // A constrained output ends at an end token even with --ignore-eos.
+    let ends_at_eos = !args.ignore_eos || constraint.is_some();
     let result = engine.generate_constrained(&prompt_ids, &params, constraint, |id| {
-        if engine.is_eos(id) && !args.ignore_eos {
+        if engine.is_eos(id) && ends_at_eos {
             return Ok(());
         }
         let stopped = text.push(id, None);

@@ -41,7 +41,8 @@ impl GrammarSpec {
     pub fn grammar(text: &str) -> Self {
         let t = text.trim_start();
         let lark = t.starts_with("%llguidance")
-            || t.lines().any(|l| l.trim_start().starts_with("start:") || l.trim_start().starts_with("start :"));
+            || (!t.contains("::=")
+                && t.lines().any(|l| l.trim_start().starts_with("start:") || l.trim_start().starts_with("start :")));
         if lark { GrammarSpec::Lark(text.to_owned()) } else { GrammarSpec::Gbnf(text.to_owned()) }
     }
 

@@ -500,7 +500,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// that has at least two tokens left to generate: at most `draft_max`, and one fewer
     /// than it has left, so that its verified rows stay inside what it reserved.
     fn draft(&mut self) {
-        let Some((drafter, _, draft_min)) = self.drafter.as_mut() else { return };
+        let Some((drafter, draft_max, draft_min)) = self.drafter.as_mut() else { return };
         if self.running.len() > self.draft_batch_max {
             return;
         }
@@ -508,11 +508,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let mut which = Vec::with_capacity(self.running.len());
         for (i, s) in self.running.iter_mut().enumerate() {
             let left = s.request.max_tokens.saturating_sub(s.generated);
-            if s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants() {
-                let s = &*s;
-                asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max: s.pace.len.min(left - 1) });
-                which.push(i);
-            }
+            // Every running sequence is listed (a drafter keeps its state for those
+            // asked for nothing this step); only the eligible ones are asked for tokens.
+            let eligible = s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants();
+            let s = &*s;
+            let max = if eligible { s.pace.len.max(*draft_min).min(*draft_max).min(left - 1) } else { 0 };
+            asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max });
+            which.push(i);
         }
         self.drafts.resize_with(asked.len(), Vec::new);
         self.drafts.iter_mut().for_each(Vec::clear);

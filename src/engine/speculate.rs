@@ -38,8 +38,8 @@ pub struct DraftSeq<'a> {
 /// Proposes draft tokens; the scheduler verifies them.
 pub trait Drafter<B: Backend>: Send {
     /// Fill `drafts[i]` (cleared by the caller) with at most `seqs[i].max` tokens that
-    /// may follow `seqs[i].tokens`. Sequences absent from `seqs` have ended: a drafter
-    /// may drop what it keeps for them. An error drops this step's drafts (the step
+    /// may follow `seqs[i].tokens` (`max` 0: none this step, but the sequence runs on).
+    /// Sequences absent from `seqs` have ended: a drafter may drop what it keeps for them. An error drops this step's drafts (the step
     /// decodes one token per sequence as without speculation).
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()>;
 }
