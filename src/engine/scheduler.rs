@@ -504,9 +504,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         if self.running.len() > self.draft_batch_max {
             return;
         }
+        // One entry per running sequence, in order: drafts[i] is running[i]'s.
         let mut asked = Vec::with_capacity(self.running.len());
-        let mut which = Vec::with_capacity(self.running.len());
-        for (i, s) in self.running.iter_mut().enumerate() {
+        for s in self.running.iter_mut() {
             let left = s.request.max_tokens.saturating_sub(s.generated);
             // Every running sequence is listed (a drafter keeps its state for those
             // asked for nothing this step); only the eligible ones are asked for tokens.
@@ -514,7 +514,6 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let s = &*s;
             let max = if eligible { s.pace.len.max(*draft_min).min(*draft_max).min(left - 1) } else { 0 };
             asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max });
-            which.push(i);
         }
         self.drafts.resize_with(asked.len(), Vec::new);
         self.drafts.iter_mut().for_each(Vec::clear);
@@ -528,9 +527,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let least = (*draft_min).max(1);
         drop(asked);
-        for (k, &i) in which.iter().enumerate() {
-            let d = &mut self.drafts[k];
-            let s = &mut self.running[i];
+        for (d, s) in self.drafts.iter_mut().zip(self.running.iter_mut()) {
             if let Some(c) = s.constraint.as_mut() {
                 d.truncate(c.accepts(d)); // a draft the output may not take is not verified
             }
