@@ -1210,3 +1210,29 @@ fn generate_holds_output_to_schemas_grammars_and_regexes() {
         assert_clean_error(&forge(&args), want);
     }
 }
+
+/// Loading shows a progress bar on a terminal and nothing when stderr is piped. The
+/// terminal half runs forge under `script` (util-linux), which gives it a pseudo-terminal.
+#[test]
+fn load_progress_shows_on_a_terminal_only() {
+    let model = fixture("tiny-llama").join("tiny-llama.q4_0.gguf");
+    let model = model.to_str().unwrap();
+    let args = ["generate", "-m", model, "-p", "Hello", "-n", "2", "--temp", "0"];
+    let piped = forge(&args);
+    assert!(piped.status.success(), "{}", stderr(&piped));
+    let err = stderr(&piped);
+    assert!(!err.contains("loading") && !err.contains('\r') && !err.contains('\x1b'), "piped stderr: {err:?}");
+
+    let line = std::iter::once(env!("CARGO_BIN_EXE_forge")).chain(args).collect::<Vec<_>>().join(" ");
+    let tty = match Command::new("script").args(["-qec", &line, "/dev/null"]).env("HF_HUB_OFFLINE", "1").output() {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(!in_ci(), "`script` (util-linux) is needed for this test: {e}");
+            eprintln!("SKIP: no `script` command ({e}); the terminal half is untested");
+            return;
+        }
+    };
+    let out = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{out}");
+    assert!(out.contains("loading tiny-llama.q4_0.gguf ["), "no progress bar on a terminal: {out:?}");
+}

@@ -72,6 +72,16 @@ impl Tensor<'_> {
 impl Weights {
     /// The tensor called `name`, if the file has it.
     pub fn get(&self, name: &str) -> anyhow::Result<Option<Tensor<'_>>> {
+        let tensor = self.get_quietly(name)?;
+        if let Some(t) = &tensor {
+            super::progress::advance(match &t.data {
+                TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.len(),
+            });
+        }
+        Ok(tensor)
+    }
+
+    fn get_quietly(&self, name: &str) -> anyhow::Result<Option<Tensor<'_>>> {
         match self {
             Weights::Safetensors(store) => Ok(store.get(name).map(|t| Tensor {
                 name: name.to_owned(),
@@ -99,6 +109,19 @@ impl Weights {
                 Ok(Some(Tensor { name: name.to_owned(), shape, data }))
             }
         }
+    }
+
+    /// A progress bar over every tensor's bytes, advanced by [`Weights::get`] until the
+    /// returned guard is dropped (drawn only when stderr is a terminal).
+    pub fn show_progress(&self, path: &std::path::Path) -> super::progress::LoadProgress {
+        let total: usize = match self {
+            Weights::Safetensors(store) => store.tensors().map(|t| t.bytes.len()).sum(),
+            Weights::Gguf(file) => {
+                file.tensor_infos().iter().filter_map(|i| file.tensor(&i.name)).map(|t| t.bytes.len()).sum()
+            }
+        };
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        super::progress::start(&name, total as u64)
     }
 
     /// [`Weights::get`] for a tensor that must exist with this shape.

@@ -7,6 +7,7 @@ pub mod gguf;
 pub mod gguf_write;
 pub mod hub;
 pub mod llama_config;
+pub mod progress;
 pub mod safetensors;
 pub mod weights;
 

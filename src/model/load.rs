@@ -54,16 +54,19 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
         Some("gpt2") | None => {
             let config = Gpt2Config::from_json(&text).map_err(bad)?;
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            let _progress = weights.show_progress(path);
             Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
         }
         Some("llama" | "qwen2" | "qwen3") => {
             let config = LlamaConfig::from_hf_json(&text).map_err(bad)?;
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            let _progress = weights.show_progress(path);
             Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
         }
         Some("gemma3_text") => {
             let config = Gemma3Config::from_hf_json(&text).map_err(bad)?;
             let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+            let _progress = weights.show_progress(path);
             Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
         }
         Some(other) => bail!(
@@ -103,15 +106,21 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
     let model: Box<dyn CausalLm<B>> = match arch.as_str() {
         "gpt2" => {
             let config = Gpt2Config::from_gguf(&file).map_err(bad_config)?;
-            Box::new(Gpt2::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+            let weights = Weights::Gguf(file);
+            let _progress = weights.show_progress(path);
+            Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
         }
         "gemma3" => {
             let config = Gemma3Config::from_gguf(&file).map_err(bad_config)?;
-            Box::new(Gemma3::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+            let weights = Weights::Gguf(file);
+            let _progress = weights.show_progress(path);
+            Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
         }
         _ => {
             let config = LlamaConfig::from_gguf(&file).map_err(bad_config)?;
-            Box::new(Llama::load(backend, config, &Weights::Gguf(file)).with_context(loading)?)
+            let weights = Weights::Gguf(file);
+            let _progress = weights.show_progress(path);
+            Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
         }
     };
     finish(model, tokenizer, chat_template, &extra_eog)
