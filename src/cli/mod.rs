@@ -32,7 +32,7 @@ const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FORGE_GIT_C
 #[command(
     name = "forge",
     version = VERSION,
-    about = "batch_forge: GPT-2 and Llama-family inference (safetensors, GGUF), verified against Hugging Face transformers"
+    about = "batch_forge: GPT-2, Llama-family and Gemma 3 inference (safetensors, GGUF), verified against Hugging Face transformers and llama.cpp"
 )]
 pub struct Cli {
     #[command(subcommand)]

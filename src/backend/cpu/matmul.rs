@@ -229,7 +229,7 @@ pub fn matmul(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue,
 /// blocks added in order; the skinny and the blocked loops both keep it), never the
 /// few-row GEMV with its split accumulators.
 /// What batch invariance costs on dense weights: decode loses the GEMV's four-way
-/// unrolled chains (it stays memory-bound on this machine; see docs/serving.md).
+/// unrolled chains (decode stays memory-bound; docs/serving.md, "Batch invariance").
 pub fn matmul_batch_invariant(isa: Isa, x: &[f32], rows: usize, w: &PackedMatrix, epi: Epilogue, out: &mut [f32]) {
     matmul_impl(isa, x, rows, w, epi, Causal::None, true, out)
 }

@@ -36,8 +36,8 @@
 //! own 32-bit lane. A block's integer sums thus come out one row per lane, with no
 //! transposes or horizontal adds, and are scaled by one vector multiply and FMA per block
 //! and activation row. Each weight block, loaded and unpacked once, meets up to eight
-//! activation rows (on AVX2 four for Q8_0, two for the others). Measured in
-//! `docs/benchmarks.md` ("Sixteen-row panels").
+//! activation rows (on AVX2 four for Q8_0, two for the others). Described and measured
+//! in `docs/benchmarks.md` ("What the kernels do").
 
 use half::f16;
 use rayon::prelude::*;

@@ -1,0 +1,211 @@
+//! The docs against the code: every command and flag `forge --help` lists is in
+//! docs/cli.md, every environment variable the source reads is in docs/environment.md,
+//! every metric `/metrics` renders is in docs/serving.md, and every relative link in the
+//! README, CONTRIBUTING and docs/ points at a file (and a heading) that exists.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn help(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(args).arg("--help").output().unwrap();
+    assert!(out.status.success(), "forge {args:?} --help failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The subcommands `forge --help` lists, in its "Commands:" section.
+fn subcommands() -> Vec<String> {
+    let top = help(&[]);
+    let section = top.split("Commands:").nth(1).expect("forge --help has a Commands section");
+    let section = section.split("\n\n").next().unwrap();
+    section.lines().filter_map(|l| l.split_whitespace().next()).filter(|c| *c != "help").map(str::to_owned).collect()
+}
+
+/// Every `--long-flag` that appears in a help text (the flags and their aliases).
+fn long_flags(text: &str) -> BTreeSet<String> {
+    let mut flags = BTreeSet::new();
+    for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+        if let Some(name) = word.strip_prefix("--")
+            && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        {
+            flags.insert(format!("--{}", name.trim_end_matches('-')));
+        }
+    }
+    flags
+}
+
+/// Whether `doc` mentions `flag` as a whole flag (not as the prefix of a longer one).
+fn mentions_flag(doc: &str, flag: &str) -> bool {
+    doc.match_indices(flag).any(|(i, _)| {
+        let next = doc[i + flag.len()..].chars().next();
+        !next.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+#[test]
+fn every_command_and_flag_is_in_the_cli_reference() {
+    let doc = read("docs/cli.md");
+    let commands = subcommands();
+    assert!(commands.len() >= 12, "too few subcommands parsed: {commands:?}");
+    let mut missing = Vec::new();
+    for cmd in &commands {
+        if !doc.contains(&format!("## `forge {cmd}")) {
+            missing.push(format!("a `## `forge {cmd}`` section"));
+        }
+        for flag in long_flags(&help(&[cmd])) {
+            if flag != "--help" && flag != "--version" && !mentions_flag(&doc, &flag) {
+                missing.push(format!("forge {cmd} {flag}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/cli.md lacks: {missing:#?}");
+}
+
+/// Quoted names right after one of `markers` in `text`: `env::var("NAME")` and the like.
+fn quoted_after(text: &str, markers: &[&str], out: &mut BTreeSet<String>) {
+    for marker in markers {
+        for (i, _) in text.match_indices(marker) {
+            let rest = &text[i + marker.len()..];
+            let name: String =
+                rest.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+            if name.len() > 1 && rest[name.len()..].starts_with('"') {
+                out.insert(name);
+            }
+        }
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_environment_variable_is_documented() {
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "examples"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let markers = ["env::var(\"", "env::var_os(\"", "env = \"", "env_nonempty(\"", "truthy(\""];
+    let mut vars = BTreeSet::new();
+    for f in files.iter().filter(|f| !f.ends_with("tests/docs.rs")) {
+        quoted_after(&std::fs::read_to_string(f).unwrap(), &markers, &mut vars);
+    }
+    // The parse finds the variables the engine is known to read.
+    for known in ["BATCH_FORGE_ISA", "BATCH_FORGE_GPU", "FORGE_API_KEY", "HF_HUB_OFFLINE", "BATCH_FORGE_SMOLLM2"] {
+        assert!(vars.contains(known), "{known} not found by the scan: {vars:?}");
+    }
+    let doc = read("docs/environment.md");
+    let missing: Vec<_> = vars.iter().filter(|v| !doc.contains(&format!("`{v}`"))).collect();
+    assert!(missing.is_empty(), "docs/environment.md lacks {missing:?}");
+}
+
+#[test]
+fn every_metric_is_documented() {
+    let text = batch_forge::engine::Metrics::default().render();
+    let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next()).collect();
+    assert!(names.len() >= 20, "{text}");
+    let doc = read("docs/serving.md");
+    let missing: Vec<_> = names.iter().filter(|n| !doc.contains(&format!("`{n}`"))).collect();
+    assert!(missing.is_empty(), "docs/serving.md lacks {missing:?}");
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut in_code = false;
+    let mut out = BTreeSet::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// The targets of `[text](target)` links outside code blocks.
+fn link_targets(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        for (i, _) in line.match_indices("](") {
+            if let Some(end) = line[i + 2..].find(')') {
+                out.push(line[i + 2..i + 2 + end].to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_in_the_docs_resolves() {
+    let mut pages: Vec<String> = vec!["README.md".into(), "CONTRIBUTING.md".into(), "CHANGELOG.md".into()];
+    for entry in std::fs::read_dir(root().join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let text = read(page);
+        let dir = Path::new(page).parent().unwrap();
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, frag) = target.split_once('#').map_or((target.as_str(), None), |(f, a)| (f, Some(a)));
+            let path = if file.is_empty() { PathBuf::from(page) } else { dir.join(file) };
+            let full = root().join(&path);
+            if !full.exists() {
+                broken.push(format!("{page}: {target} (no {})", path.display()));
+                continue;
+            }
+            if let Some(frag) = frag
+                && full.extension().is_some_and(|e| e == "md")
+                && !anchors(&std::fs::read_to_string(&full).unwrap()).contains(frag)
+            {
+                broken.push(format!("{page}: {target} (no such heading)"));
+            }
+        }
+    }
+    assert!(checked > 30, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links: {broken:#?}");
+}
