@@ -918,33 +918,87 @@ fn api_key_queue_limit_and_small_routes() {
     assert!(generated < 100.0, "the abandoned request went on generating ({generated} tokens)");
 }
 
-/// SIGTERM with a stream in flight: the stream ends and the process exits cleanly.
+/// Waits for the server process to exit by itself (well before the 10 s grace period
+/// would cut it with exit 1) and returns its status.
+#[cfg(unix)]
+fn wait_exit(s: &mut Server, t0: Instant, within: Duration) -> std::process::ExitStatus {
+    loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(t0.elapsed() < within, "the server did not exit: {}", s.log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(unix)]
+fn sigterm(s: &Server) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+}
+
+/// SIGTERM drains: the stream in flight runs to its end, while new requests get 503,
+/// `/health` answers 503 and `/live` 200; then the process exits 0.
 #[cfg(unix)]
 #[test]
-fn sigterm_shuts_down_cleanly() {
+fn sigterm_drains_the_requests_in_flight() {
     let mut s = Server::start_with(&fixture("tiny-gpt2"), &["-np", "1"], &[("BATCH_FORGE_STEP_DELAY_MS", "20")]);
+    let url = format!("{}/v1/completions", s.base);
+    let body = json!({"prompt": "a", "max_tokens": 60, "stream": true, "ignore_eos": true, "temperature": 0,
+                      "stream_options": {"include_usage": true}});
+    let r = ureq::post(&url).send_string(&body.to_string()).unwrap();
+    let mut lines = BufReader::new(r.into_reader()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: "));
+    let t0 = Instant::now();
+    sigterm(&s);
+    // Draining for the 1.2 s the stream has left: readiness off, liveness on, no new work.
+    std::thread::sleep(Duration::from_millis(200));
+    let (code, health) = s.get("/health");
+    assert_eq!(code, 503, "{health}");
+    assert!(health.contains("draining"), "{health}");
+    assert_eq!(s.get("/live").0, 200);
+    let (code, refused) = s.post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}));
+    assert_eq!(code, 503, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("draining"), "{refused}");
+    // The stream ends normally: every token, finish_reason "length", [DONE], no error.
+    let rest: Vec<String> = lines.map_while(Result::ok).filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(rest.last().map(String::as_str), Some("data: [DONE]"), "{rest:?}");
+    assert!(!rest.iter().any(|l| l.contains("error")), "{rest:?}");
+    let finish = rest.iter().rev().find(|l| l.contains("finish_reason\":\"")).expect("a final chunk");
+    assert!(finish.contains("\"finish_reason\":\"length\""), "{finish}");
+    let usage = rest
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(&l[6..]).ok())
+        .find_map(|v| v["usage"]["completion_tokens"].as_u64());
+    assert_eq!(usage, Some(60), "{rest:?}");
+    let status = wait_exit(&mut s, t0, Duration::from_secs(8));
+    assert!(status.success(), "exit status {status}: {}", s.log.lock().unwrap());
+}
+
+/// `--drain-timeout 0`: SIGTERM cuts the stream in flight at once with an error event and
+/// `[DONE]`, and the process exits cleanly.
+#[cfg(unix)]
+#[test]
+fn sigterm_without_a_drain_cuts_streams_short() {
+    let mut s = Server::start_with(
+        &fixture("tiny-gpt2"),
+        &["-np", "1", "--drain-timeout", "0"],
+        &[("BATCH_FORGE_STEP_DELAY_MS", "20")],
+    );
     let url = format!("{}/v1/completions", s.base);
     let r = ureq::post(&url)
         .send_string(&json!({"prompt": "a", "max_tokens": 120, "stream": true, "ignore_eos": true}).to_string())
         .unwrap();
     let mut lines = BufReader::new(r.into_reader()).lines();
     assert!(lines.next().unwrap().unwrap().starts_with("data: "));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) }, 0);
+    sigterm(&s);
     // The stream (2.4 s of tokens at 20 ms a step) ends with an error event and [DONE].
     let t0 = Instant::now();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(t0.elapsed() < Duration::from_secs(2), "the stream was not cut short");
     assert!(rest.iter().any(|l| l.contains("shutting down")), "no error event: {rest:?}");
     assert_eq!(rest.iter().rev().find(|l| l.starts_with("data: ")).map(String::as_str), Some("data: [DONE]"));
-    // The process exits by itself, well before the 10 s grace period would cut it (exit 1).
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(8), "the server did not exit: {}", s.log.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut s, t0, Duration::from_secs(8));
     assert!(status.success(), "exit status {status}: {}", s.log.lock().unwrap());
 }
 
@@ -1268,4 +1322,84 @@ fn smollm2_speculates_over_http_without_changing_an_answer() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("drop --no-batch-invariance"));
+}
+
+/// `/metrics` carries the names the Gateway API Inference Extension reads from
+/// vLLM-compatible servers, with the values of the moment (one request running, one
+/// waiting, the running one's KV blocks reserved), and the whole scrape parses with the
+/// Prometheus client library's own text-format parser (`prometheus_client`, installed by
+/// `.ci/run` beside `openai`). The alias has a quote and a backslash, which a label must
+/// escape.
+#[test]
+fn metrics_carry_the_inference_gateway_names_and_parse() {
+    let Some(python) = std::env::var_os("BATCH_FORGE_OPENAI_PYTHON") else {
+        let msg = "BATCH_FORGE_OPENAI_PYTHON is not set: point it at a Python with `prometheus_client` \
+                   (.ci/run makes one)";
+        assert!(!common::in_ci(), "{msg}");
+        eprintln!("SKIP: {msg}");
+        return;
+    };
+    let alias = r#"tiny "gpt2" \ one"#;
+    let s =
+        Server::start_with(&fixture("tiny-gpt2"), &["-np", "1", "-a", alias], &[("BATCH_FORGE_STEP_DELAY_MS", "20")]);
+    let url = format!("{}/v1/completions", s.base);
+    let body = json!({"prompt": "a b c", "max_tokens": 40, "ignore_eos": true}).to_string();
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            std::thread::spawn(move || ureq::post(&url).send_string(&body).map(|r| r.status()).unwrap_or(0))
+        })
+        .collect();
+    let t0 = Instant::now();
+    let text = loop {
+        let text = s.metrics_text();
+        if text.lines().any(|l| l == "forge_requests_waiting 1")
+            && text.lines().any(|l| l == "forge_requests_running 1")
+        {
+            break text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never one waiting: {text}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let parser = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        out.setdefault(s.name, []).append({"type": fam.type, "labels": s.labels, "value": s.value})
+print(json.dumps(out))
+"#;
+    let mut child = Command::new(python)
+        .args(["-c", parser])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the scrape does not parse: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let families: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let one = |name: &str| {
+        let samples = families[name].as_array().unwrap_or_else(|| panic!("no {name} in {families}"));
+        assert_eq!(samples.len(), 1, "{name}: {samples:?}");
+        assert_eq!(samples[0]["type"], "gauge", "{name}");
+        assert_eq!(samples[0]["labels"]["model_name"], alias, "{name}");
+        samples[0].clone()
+    };
+    assert_eq!(one("vllm:num_requests_running")["value"], 1.0);
+    assert_eq!(one("vllm:num_requests_waiting")["value"], 1.0);
+    let usage = one("vllm:kv_cache_usage_perc")["value"].as_f64().unwrap();
+    let total = s.metrics()("forge_kv_blocks_total");
+    // One sequence reserves the blocks of its prompt plus 40 tokens: 3 of 16 positions.
+    assert_eq!(usage, 3.0 / total, "usage {usage} of {total} blocks");
+    let info = one("vllm:cache_config_info");
+    assert_eq!(info["labels"]["block_size"], "16");
+    assert_eq!(info["labels"]["num_gpu_blocks"], total.to_string());
+    // forge's own names parse too: a counter and a histogram.
+    assert!(families["forge_steps_total"].is_array() && families["forge_time_to_first_token_seconds_count"].is_array());
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 200);
+    }
 }

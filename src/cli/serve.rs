@@ -63,6 +63,11 @@ pub struct ServeArgs {
     /// Connections served at once; one more is answered 503 and closed.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=65536))]
     max_connections: u32,
+    /// Seconds the requests in flight may take to finish after SIGTERM or Ctrl-C (new
+    /// ones get 503 and /health answers 503 meanwhile); then what is left is cancelled.
+    /// A second signal stops at once.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    drain_timeout: u64,
     #[command(flatten)]
     backend: BackendArgs,
     #[command(flatten)]
@@ -154,9 +159,30 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let app = serve::api::router(state.clone());
     let stop_state = state.clone();
+    let drain = Duration::from_secs(args.drain_timeout);
     let shutdown = async move {
         shutdown_signal().await;
-        tracing::info!("shutting down: in-flight requests are cancelled");
+        // Drain: refuse new requests (503, /health 503) while those in flight finish.
+        stop_state.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        let in_flight = || stop_state.in_flight.load(std::sync::atomic::Ordering::SeqCst);
+        if in_flight() > 0 {
+            tracing::info!(
+                "draining: {} requests in flight may finish within {} s; new ones get 503 (a second signal stops now)",
+                in_flight(),
+                drain.as_secs()
+            );
+            let finished = async {
+                while in_flight() > 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::select! {
+                () = finished => tracing::info!("drained: every request in flight finished"),
+                () = tokio::time::sleep(drain) => tracing::warn!("drain timeout: {} requests still in flight", in_flight()),
+                () = shutdown_signal() => tracing::info!("second signal: stopping now"),
+            }
+        }
+        tracing::info!("shutting down: requests still in flight are cancelled");
         serve::request_stop(&stop_state);
         // Never hang: whatever is still open after a grace period is cut.
         std::thread::spawn(|| {

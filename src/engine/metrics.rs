@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::prefix_cache::BLOCK_TOKENS;
+
 /// A Prometheus histogram over fixed buckets (seconds).
 pub struct Histogram {
     bounds: &'static [f64],
@@ -44,6 +46,11 @@ impl Histogram {
         }
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", s.2, s.1, s.2);
     }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// The scheduler's state after a step, published as one snapshot so that `/metrics`
@@ -120,8 +127,16 @@ impl Metrics {
         *self.gauges.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
+    /// The Prometheus text exposition (format 0.0.4), without a model name.
     pub fn render(&self) -> String {
+        self.render_for("")
+    }
+
+    /// The Prometheus text exposition (format 0.0.4): forge's own names, then the
+    /// vLLM names that routers read (the Gateway API Inference Extension's model-server
+    /// protocol: queued and running requests, KV-cache usage, the cache's block layout),
+    /// labelled with `model_name` as vLLM labels them.
+    pub fn render_for(&self, model_name: &str) -> String {
         let mut out = String::new();
         let g = self.gauges();
         let (running, waiting, used, cached) = (
@@ -180,6 +195,25 @@ impl Metrics {
         self.ttft.render(&mut out, "forge_time_to_first_token_seconds", "Time to first token.");
         self.itl.render(&mut out, "forge_inter_token_latency_seconds", "Time between consecutive tokens.");
         self.e2e.render(&mut out, "forge_request_duration_seconds", "Request duration, arrival to last token.");
+        let label = format!("model_name=\"{}\"", escape_label(model_name));
+        let total = self.kv_blocks_total.load(Ordering::Relaxed);
+        // Blocks reserved by running sequences; prefix-cache entries are evictable, so
+        // they count as free (as vLLM counts its cached blocks with no reference).
+        let reserved = g.kv_blocks_used.saturating_sub(g.kv_blocks_cached);
+        let usage = if total == 0 { 0.0 } else { reserved as f64 / total as f64 };
+        let vllm: [(&str, &str, String); 3] = [
+            ("vllm:num_requests_running", "Requests being decoded or prefilled.", g.running.to_string()),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", g.waiting.to_string()),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means every block is reserved.", usage.to_string()),
+        ];
+        for (name, help, value) in vllm {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{label}}} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info The KV cache's layout.\n# TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{{label},block_size=\"{BLOCK_TOKENS}\",num_gpu_blocks=\"{total}\"}} 1"
+        );
         out
     }
 }

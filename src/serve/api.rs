@@ -35,7 +35,7 @@ use crate::engine::scheduler::{Event, Request as EngineRequest};
 use crate::engine::text::TextOut;
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let open = Router::new().route("/health", get(health));
+    let open = Router::new().route("/health", get(health)).route("/live", get(live));
     let guarded = Router::new()
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
@@ -79,15 +79,27 @@ fn loaded(state: &AppState) -> Result<&Loaded, ApiError> {
     state.loaded.get().ok_or_else(|| ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the model is loading"))
 }
 
+/// Readiness: 200 once the model is loaded, 503 while it loads and while draining.
 async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::Relaxed) {
+        return ApiError::status(StatusCode::SERVICE_UNAVAILABLE, DRAINING).into_response();
+    }
     match state.loaded.get() {
         Some(_) => axum::Json(json!({"status": "ok"})).into_response(),
         None => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the model is loading").into_response(),
     }
 }
 
+/// Liveness: 200 while the process answers HTTP, loading and draining included.
+async fn live() -> Response {
+    axum::Json(json!({"status": "alive"})).into_response()
+}
+
+const DRAINING: &str = "the server is draining (shutting down); send the request to another replica";
+
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render_for(&state.config.model_name))
+        .into_response()
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> ApiResult {
@@ -220,7 +232,14 @@ fn submit(
     c: &Checked,
 ) -> Result<(mpsc::UnboundedReceiver<Event>, Slot, u64), ApiError> {
     let limit = l.scheduler.parallel + state.config.max_queue;
-    if state.in_flight.fetch_add(1, Ordering::Relaxed) >= limit {
+    // Counted before the draining check (both SeqCst, as the drain's store and load): either
+    // this request sees the drain, or the drain sees it in flight and waits for it.
+    let before = state.in_flight.fetch_add(1, Ordering::SeqCst);
+    if state.draining.load(Ordering::SeqCst) {
+        state.in_flight.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, DRAINING));
+    }
+    if before >= limit {
         state.in_flight.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::status(
             StatusCode::TOO_MANY_REQUESTS,

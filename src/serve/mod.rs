@@ -81,7 +81,10 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Requests running or queued (a 429 past `parallel + max_queue`).
     pub in_flight: AtomicUsize,
-    /// Set on SIGINT/SIGTERM: the scheduler fails what it holds and exits.
+    /// Set on SIGINT/SIGTERM: no new requests (503), `/health` answers 503, while the
+    /// requests in flight finish.
+    pub draining: AtomicBool,
+    /// Set once draining is over: the scheduler fails what it holds and exits.
     pub stop: AtomicBool,
 }
 
@@ -93,6 +96,7 @@ impl AppState {
             metrics: Arc::new(Metrics::default()),
             next_id: AtomicU64::new(1),
             in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         })
     }
