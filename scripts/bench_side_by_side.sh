@@ -1,9 +1,9 @@
 #!/bin/bash
 # Side by side, per model and thread count: llama-bench, forge bench, forge bench --kv-dtype f16
-# (each -p 512 -n 128 -r 3), two rounds. GPT-2 GGUFs (f32/f16/bf16/q8_0/q4_0.gguf) in $GPT2_GGUF_DIR,
-# made with llama.cpp's convert_hf_to_gguf.py and llama-quantize (bf16.gguf: `forge quantize --type bf16
-# f32.gguf bf16.gguf` or llama-quantize's BF16; a missing file is skipped); llama.cpp from
-# scripts/build_llama_cpp.sh.
+# (each -p 512 -n 128 -r 3), two rounds. GPT-2 GGUFs (f32/f16/bf16/q8_0/q4_0.gguf) in $GPT2_GGUF_DIR:
+# f32 and f16 by scripts/gpt2_to_gguf.py, the others by `forge quantize f32.gguf T.gguf --type T`
+# (byte-identical to llama-quantize's; docs/benchmarks.md shows the commands; a missing file is
+# skipped); llama.cpp from scripts/build_llama_cpp.sh.
 # Alternates the engines per model and thread count (this host's speed drifts by the minute);
 # scripts/bench_vs_llama_cpp.sh makes the GPT-2 f32/f16 files and runs each engine once.
 LLAMA=${LLAMA:-/tmp/llama.cpp-build/build/bin}; export LD_LIBRARY_PATH=$LLAMA

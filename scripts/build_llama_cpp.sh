@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench and llama-tokenize (CPU only) from the source distribution of the PyPI
+# Build llama.cpp's llama-bench, llama-tokenize and llama-server (CPU only) from the source distribution of the PyPI
 # package llama-cpp-python, which vendors llama.cpp. For side-by-side benchmarks and
 # tokenizer comparisons only:
 # not used by the tests or CI, and nothing it produces is committed.
@@ -7,7 +7,7 @@
 #   scripts/build_llama_cpp.sh [WORKDIR]      (default /tmp/llama.cpp-build)
 #
 # Needs: cmake and a C++ compiler (apt-get install -y cmake g++), pip.
-# Result: $WORKDIR/build/bin/llama-bench, $WORKDIR/build/bin/llama-tokenize
+# Result: $WORKDIR/build/bin/llama-bench, llama-tokenize and llama-server
 set -euo pipefail
 work=${1:-/tmp/llama.cpp-build}
 mkdir -p "$work"

@@ -209,3 +209,129 @@ fn every_link_in_the_docs_resolves() {
     assert!(checked > 30, "only {checked} links found");
     assert!(broken.is_empty(), "broken links: {broken:#?}");
 }
+
+/// Every page the docs consist of, relative to the repository root.
+fn pages() -> Vec<String> {
+    let mut pages: Vec<String> = vec!["README.md".into(), "CONTRIBUTING.md".into(), "CHANGELOG.md".into()];
+    for entry in std::fs::read_dir(root().join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    pages
+}
+
+/// The other direction: every `--flag` docs/cli.md names is a flag of some command, or a
+/// llama.cpp flag that `forge generate` refuses by name.
+#[test]
+fn every_flag_in_the_cli_reference_exists() {
+    let mut known = long_flags(&help(&[]));
+    for cmd in subcommands() {
+        known.extend(long_flags(&help(&[&cmd])));
+    }
+    // Lines that run other programs (cargo, Python scripts) name their flags, not forge's.
+    let doc: String = read("docs/cli.md")
+        .lines()
+        .filter(|l| !l.contains("cargo ") && !l.contains("python") && !l.contains(".py "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut unknown = Vec::new();
+    for flag in long_flags(&doc) {
+        if known.contains(&flag) {
+            continue;
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_forge")).args(["generate", &flag]).output().unwrap();
+        if !String::from_utf8_lossy(&out.stderr).contains(&format!("not supported: {flag}")) {
+            unknown.push(flag);
+        }
+    }
+    assert!(unknown.is_empty(), "docs/cli.md names flags forge neither has nor refuses: {unknown:?}");
+}
+
+/// Every route the server answers is in docs/serving.md.
+#[test]
+fn every_route_is_documented() {
+    let api = read("src/serve/api.rs");
+    let mut routes = BTreeSet::new();
+    quoted_after_path(&api, ".route(\"", &mut routes);
+    assert!(routes.len() >= 10 && routes.contains("/health"), "{routes:?}");
+    let doc = read("docs/serving.md");
+    let missing: Vec<_> = routes.iter().filter(|r| !doc.contains(&format!("{r}`"))).collect();
+    assert!(missing.is_empty(), "docs/serving.md lacks the routes {missing:?}");
+}
+
+fn quoted_after_path(text: &str, marker: &str, out: &mut BTreeSet<String>) {
+    for (i, _) in text.match_indices(marker) {
+        let rest = &text[i + marker.len()..];
+        if let Some(end) = rest.find('"') {
+            out.insert(rest[..end].to_owned());
+        }
+    }
+}
+
+/// The files the docs name in code spans (`tests/x.rs`, `scripts/y.py`, `src/...`) exist,
+/// and a test named as `tests/x.rs::name` is a function of that file.
+#[test]
+fn every_file_and_test_the_docs_name_exists() {
+    let prefixes = ["tests/", "scripts/", "src/", "docs/", "fuzz/", "benches/", "examples/", "deploy/", ".ci/"];
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = read(&page);
+        for span in text.split('`').skip(1).step_by(2) {
+            let Some(word) = span.split_whitespace().next() else { continue };
+            if !prefixes.iter().any(|p| word.starts_with(p)) || word.contains('<') || word.contains('*') {
+                continue;
+            }
+            let (path, item) = word.split_once("::").map_or((word, None), |(p, i)| (p, Some(i)));
+            let path = path.trim_end_matches([',', '.', ':', ')']);
+            checked += 1;
+            let full = root().join(path);
+            if !full.exists() {
+                missing.push(format!("{page}: {path}"));
+            } else if let Some(item) = item
+                && path.ends_with(".rs")
+            {
+                let name: String = item.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                if !std::fs::read_to_string(&full).unwrap().contains(&format!("fn {name}")) {
+                    missing.push(format!("{page}: {path}::{name}"));
+                }
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} paths found");
+    assert!(missing.is_empty(), "the docs name files or tests that do not exist: {missing:#?}");
+}
+
+/// The other direction for variables: every `BATCH_FORGE_*` or `FORGE_*` name the docs
+/// mention is read somewhere (the source, the tests, the benches or `.ci/run`).
+#[test]
+fn every_variable_the_docs_name_is_read() {
+    let mut code = String::new();
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "examples"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    for f in files.iter().filter(|f| !f.ends_with("tests/docs.rs")) {
+        code.push_str(&std::fs::read_to_string(f).unwrap());
+    }
+    code.push_str(&read(".ci/run"));
+    let mut names = BTreeSet::new();
+    for page in pages() {
+        let text = read(&page);
+        for (i, _) in text.match_indices("FORGE_") {
+            let start = text[..i].rfind(|c: char| !(c.is_ascii_uppercase() || c == '_')).map_or(0, |j| j + 1);
+            let end =
+                i + text[i..].find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')).unwrap_or(0);
+            let name = &text[start..end];
+            if name.len() > "FORGE_".len() && !name.ends_with('_') {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    assert!(names.contains("BATCH_FORGE_ISA"), "{names:?}");
+    let unread: Vec<_> =
+        names.iter().filter(|n| !code.contains(&format!("\"{n}\"")) && !code.contains(&format!("{n}="))).collect();
+    assert!(unread.is_empty(), "the docs name variables nothing reads: {unread:?}");
+}

@@ -26,7 +26,7 @@ use batch_forge::tensor::Dtype;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Model folder or Hub id.
+    /// Model folder, .gguf file, or Hub repo id.
     #[arg(long, short, conflicts_with = "random")]
     model: Option<String>,
     /// Random weights of a published config (no download): gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2.

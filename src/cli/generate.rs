@@ -168,7 +168,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     constraint: ConstraintArgs,
     /// Compute every row as `forge serve` does, whatever the rows beside it (the
-    /// batch-invariant kernels; prompts a few percent slower): the tokens `forge serve`
+    /// batch-invariant kernels; dense prefill up to ~15% slower): the tokens `forge serve`
     /// gives, and those of speculative decoding, which turns it on.
     #[arg(long)]
     batch_invariant: bool,

@@ -24,7 +24,7 @@ pub enum VerifyBackend {
 
 #[derive(Args)]
 pub struct VerifyArgs {
-    /// Model folder or Hub id.
+    /// Model folder, .gguf file, or Hub repo id.
     #[arg(long, short, default_value = DEFAULT_MODEL)]
     model: String,
     /// The reference dump written by scripts/hf_reference.py.

@@ -74,9 +74,12 @@ impl Weights {
     pub fn get(&self, name: &str) -> anyhow::Result<Option<Tensor<'_>>> {
         let tensor = self.get_quietly(name)?;
         if let Some(t) = &tensor {
-            super::progress::advance(match &t.data {
-                TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.len(),
-            });
+            super::progress::advance(
+                name,
+                match &t.data {
+                    TensorData::Float { bytes, .. } | TensorData::Quantized { bytes, .. } => bytes.len(),
+                },
+            );
         }
         Ok(tensor)
     }
