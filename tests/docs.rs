@@ -138,31 +138,26 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-fn anchors(markdown: &str) -> BTreeSet<String> {
+/// The lines of a markdown text outside its fenced code blocks.
+fn prose_lines(markdown: &str) -> impl Iterator<Item = &str> {
     let mut in_code = false;
-    let mut out = BTreeSet::new();
-    for line in markdown.lines() {
+    markdown.lines().filter(move |line| {
         if line.starts_with("```") {
             in_code = !in_code;
-        } else if !in_code && line.starts_with('#') {
-            out.insert(anchor(line.trim_start_matches('#')));
+            return false;
         }
-    }
-    out
+        !in_code
+    })
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    prose_lines(markdown).filter(|l| l.starts_with('#')).map(|l| anchor(l.trim_start_matches('#'))).collect()
 }
 
 /// The targets of `[text](target)` links outside code blocks.
 fn link_targets(markdown: &str) -> Vec<String> {
-    let mut in_code = false;
     let mut out = Vec::new();
-    for line in markdown.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for line in prose_lines(markdown) {
         for (i, _) in line.match_indices("](") {
             if let Some(end) = line[i + 2..].find(')') {
                 out.push(line[i + 2..i + 2 + end].to_owned());
@@ -174,16 +169,9 @@ fn link_targets(markdown: &str) -> Vec<String> {
 
 #[test]
 fn every_link_in_the_docs_resolves() {
-    let mut pages: Vec<String> = vec!["README.md".into(), "CONTRIBUTING.md".into(), "CHANGELOG.md".into()];
-    for entry in std::fs::read_dir(root().join("docs")).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
-        if name.ends_with(".md") {
-            pages.push(format!("docs/{name}"));
-        }
-    }
     let mut broken = Vec::new();
     let mut checked = 0;
-    for page in &pages {
+    for page in &pages() {
         let text = read(page);
         let dir = Path::new(page).parent().unwrap();
         for target in link_targets(&text) {
