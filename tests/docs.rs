@@ -83,12 +83,17 @@ fn quoted_after(text: &str, markers: &[&str], out: &mut BTreeSet<String>) {
     }
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// The Rust and Python sources under `dir`.
+fn source_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
         if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            // Not a local virtualenv, build outputs or caches.
+            if !name.starts_with('.') && name != "target" && name != "__pycache__" {
+                source_files(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs" || e == "py") {
             out.push(path);
         }
     }
@@ -97,16 +102,24 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn every_environment_variable_is_documented() {
     let mut files = Vec::new();
-    for dir in ["src", "tests", "benches", "examples"] {
-        rust_files(&root().join(dir), &mut files);
+    for dir in ["src", "tests", "benches", "examples", "python"] {
+        source_files(&root().join(dir), &mut files);
     }
-    let markers = ["env::var(\"", "env::var_os(\"", "env = \"", "env_nonempty(\"", "truthy(\""];
+    let markers =
+        ["env::var(\"", "env::var_os(\"", "env = \"", "env_nonempty(\"", "truthy(\"", "environ.get(\"", "environ[\""];
     let mut vars = BTreeSet::new();
     for f in files.iter().filter(|f| !f.ends_with("tests/docs.rs")) {
         quoted_after(&std::fs::read_to_string(f).unwrap(), &markers, &mut vars);
     }
     // The parse finds the variables the engine is known to read.
-    for known in ["BATCH_FORGE_ISA", "BATCH_FORGE_GPU", "FORGE_API_KEY", "HF_HUB_OFFLINE", "BATCH_FORGE_SMOLLM2"] {
+    for known in [
+        "BATCH_FORGE_ISA",
+        "BATCH_FORGE_GPU",
+        "FORGE_API_KEY",
+        "HF_HUB_OFFLINE",
+        "BATCH_FORGE_SMOLLM2",
+        "BATCH_FORGE_BIN",
+    ] {
         assert!(vars.contains(known), "{known} not found by the scan: {vars:?}");
     }
     let doc = read("docs/environment.md");
@@ -116,7 +129,11 @@ fn every_environment_variable_is_documented() {
 
 #[test]
 fn every_metric_is_documented() {
-    let text = batch_forge::engine::Metrics::default().render();
+    let metrics = batch_forge::engine::Metrics::default();
+    // With a pool, as once a model is loaded: the router names appear too.
+    metrics.kv_blocks_total.store(8, std::sync::atomic::Ordering::Relaxed);
+    let text = metrics.render();
+    assert!(text.contains("vllm:kv_cache_usage_perc"), "{text}");
     let names: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split_whitespace().next()).collect();
     assert!(names.len() >= 20, "{text}");
     let doc = read("docs/serving.md");
@@ -262,7 +279,8 @@ fn quoted_after_path(text: &str, marker: &str, out: &mut BTreeSet<String>) {
 /// and a test named as `tests/x.rs::name` is a function of that file.
 #[test]
 fn every_file_and_test_the_docs_name_exists() {
-    let prefixes = ["tests/", "scripts/", "src/", "docs/", "fuzz/", "benches/", "examples/", "deploy/", ".ci/"];
+    let prefixes =
+        ["tests/", "scripts/", "src/", "docs/", "fuzz/", "benches/", "examples/", "deploy/", ".ci/", "python/"];
     let mut missing = Vec::new();
     let mut checked = 0;
     for page in pages() {
@@ -293,18 +311,20 @@ fn every_file_and_test_the_docs_name_exists() {
 }
 
 /// The other direction for variables: every `BATCH_FORGE_*` or `FORGE_*` name the docs
-/// mention is read somewhere (the source, the tests, the benches or `.ci/run`).
+/// mention is read or set somewhere (the sources, the tests, the benches, `.ci/run`, the
+/// Dockerfile).
 #[test]
 fn every_variable_the_docs_name_is_read() {
     let mut code = String::new();
     let mut files = Vec::new();
-    for dir in ["src", "tests", "benches", "examples"] {
-        rust_files(&root().join(dir), &mut files);
+    for dir in ["src", "tests", "benches", "examples", "python"] {
+        source_files(&root().join(dir), &mut files);
     }
     for f in files.iter().filter(|f| !f.ends_with("tests/docs.rs")) {
         code.push_str(&std::fs::read_to_string(f).unwrap());
     }
     code.push_str(&read(".ci/run"));
+    code.push_str(&read("Dockerfile"));
     let mut names = BTreeSet::new();
     for page in pages() {
         let text = read(&page);

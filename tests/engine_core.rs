@@ -10,7 +10,9 @@ use std::sync::Arc;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::engine::logprobs::token_logprobs;
 use batch_forge::engine::scheduler::INITIAL_SLACK;
-use batch_forge::engine::{Engine, Event, GenerateParams, Metrics, Request, SamplingParams, SchedulerConfig};
+use batch_forge::engine::{
+    Engine, Event, GenerateParams, Metrics, Request, SCORE_CHUNK, SamplingParams, SchedulerConfig,
+};
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::Gpt2;
 use batch_forge::model::random::random_checkpoint;
@@ -20,6 +22,10 @@ use common::fixture;
 /// A random GPT-2 with a context of 900 positions (the fixtures have 128 at most, less
 /// than a cache's first allocation), GPT-2's vocabulary and tokenizer.
 fn long_context_engine() -> Engine<CpuBackend> {
+    long_context_engine_with(CpuOptions::default())
+}
+
+fn long_context_engine_with(options: CpuOptions) -> Engine<CpuBackend> {
     let config = Gpt2Config {
         vocab_size: 50257,
         n_positions: 900,
@@ -32,7 +38,7 @@ fn long_context_engine() -> Engine<CpuBackend> {
         bos_token_id: 50256,
         eos_token_id: 50256,
     };
-    let backend = CpuBackend::new(CpuOptions::default()).unwrap();
+    let backend = CpuBackend::new(options).unwrap();
     let store = WeightStore::from_bytes("random", random_checkpoint(&config, 7)).unwrap();
     let model = Gpt2::load(&backend, config, &Weights::Safetensors(store)).unwrap();
     Engine {
@@ -165,4 +171,33 @@ fn a_session_grows_and_changes_nothing() {
     session.clear();
     let g = e.generate_in(&mut session, &conversation[..20], &params(3, 9), |_| Ok(())).unwrap();
     assert_eq!(g.reused_prompt_tokens, 0);
+}
+
+/// `Engine::score` (the Python package's `score`) prefills a long text in chunks of
+/// `SCORE_CHUNK` rows with the server's kernels: each token's log-probability and
+/// alternatives equal, bit for bit, those of one forward over the whole text; and scoring
+/// a prompt plus its greedy continuation gives the log-probabilities generation reported.
+#[test]
+fn scoring_in_chunks_equals_one_pass_and_generation() {
+    let engine = long_context_engine_with(CpuOptions { batch_invariant: true, ..CpuOptions::default() });
+    let ids: Vec<u32> = (0..700u32).map(|i| (i * 7919 + 13) % 50257).collect();
+    assert!(ids.len() > SCORE_CHUNK);
+    let scored = engine.score(&ids, 2).unwrap();
+    assert_eq!(scored.len(), ids.len() - 1);
+    let logits = engine.logits_all(&ids).unwrap();
+    for (j, s) in scored.iter().enumerate() {
+        let want = token_logprobs(&logits.data[j * logits.cols..(j + 1) * logits.cols], ids[j + 1], 2);
+        assert_eq!(s.id, ids[j + 1]);
+        assert_eq!(s.logprob.to_bits(), want.logprob.to_bits(), "position {j}: {} vs {}", s.logprob, want.logprob);
+        assert_eq!(s.top, want.top, "position {j}");
+    }
+    assert!(engine.score(&ids[..1], 0).unwrap().is_empty());
+
+    let params = GenerateParams { logprobs: Some(0), ignore_eos: true, ..GenerateParams::greedy(20) };
+    let g = engine.generate(&ids[..50], &params, |_| Ok(())).unwrap();
+    let scored = engine.score(&[&ids[..50], &g.generated_ids[..]].concat(), 0).unwrap();
+    assert_eq!(g.logprobs.len(), 20);
+    for (k, t) in g.logprobs.iter().enumerate() {
+        assert_eq!((scored[49 + k].id, scored[49 + k].logprob.to_bits()), (t.id, t.logprob.to_bits()), "token {k}");
+    }
 }

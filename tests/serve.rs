@@ -36,6 +36,7 @@ impl Server {
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .env_remove("FORGE_API_KEY")
+            .env_remove("FORGE_HOST")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -820,7 +821,7 @@ fn invalid_requests_are_clear_errors() {
     s.ok("/v1/completions", &json!({"prompt": vec![11; 40], "max_tokens": 24}));
 }
 
-/// The API key guards every route but /health; a full queue is a 429; /v1/models,
+/// The API key guards every route but /health, /live and /metrics; a full queue is a 429; /v1/models,
 /// /tokenize and /detokenize answer in their shapes.
 #[test]
 fn api_key_queue_limit_and_small_routes() {
@@ -838,6 +839,17 @@ fn api_key_queue_limit_and_small_routes() {
     assert_eq!(s.post_raw("/v1/completions", &body, Some("sekrit")).0, 200);
     assert_eq!(s.get("/v1/models").0, 401);
     assert_eq!(s.get("/health").0, 200);
+    assert_eq!(s.get("/live").0, 200);
+    let (code, scrape) = s.get("/metrics"); // routers scrape without a key
+    assert_eq!(code, 200, "{scrape}");
+    let (ok, said) = forge_health(&s.base);
+    assert!(ok && said.starts_with("ready"), "forge health: {said}");
+    // No server on the port: not ready, one error line.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (ok, said) = forge_health(&url);
+    assert!(!ok && said.starts_with("error: no server at 127.0.0.1:"), "forge health, no server: {said}");
 
     let models: Value = serde_json::from_str(
         &ureq::get(&format!("{}/v1/models", s.base))
@@ -931,6 +943,16 @@ fn wait_exit(s: &mut Server, t0: Instant, within: Duration) -> std::process::Exi
     }
 }
 
+/// `forge health --url BASE/health`: whether it said ready, and what it printed.
+fn forge_health(base: &str) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_forge"))
+        .args(["health", "--url", &format!("{base}/health")])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), said)
+}
+
 #[cfg(unix)]
 fn sigterm(s: &Server) {
     // SAFETY: kill(2) on our own child's pid.
@@ -957,9 +979,16 @@ fn sigterm_drains_the_requests_in_flight() {
     assert_eq!(code, 503, "{health}");
     assert!(health.contains("draining"), "{health}");
     assert_eq!(s.get("/live").0, 200);
+    let (ok, said) = forge_health(&s.base);
+    assert!(!ok && said.contains("draining"), "forge health while draining: {said}");
     let (code, refused) = s.post("/v1/completions", &json!({"prompt": "b", "max_tokens": 2}));
     assert_eq!(code, 503, "{refused}");
     assert!(refused["error"]["message"].as_str().unwrap().contains("draining"), "{refused}");
+    // ... and tells the client to reconnect (through its balancer) rather than retry here.
+    match ureq::post(&url).send_string(r#"{"prompt": "b", "max_tokens": 2}"#) {
+        Err(ureq::Error::Status(503, r)) => assert_eq!(r.header("connection"), Some("close")),
+        other => panic!("expected a 503 while draining: {other:?}"),
+    }
     // The stream ends normally: every token, finish_reason "length", [DONE], no error.
     let rest: Vec<String> = lines.map_while(Result::ok).filter(|l| l.starts_with("data: ")).collect();
     assert_eq!(rest.last().map(String::as_str), Some("data: [DONE]"), "{rest:?}");
@@ -975,14 +1004,20 @@ fn sigterm_drains_the_requests_in_flight() {
     assert!(status.success(), "exit status {status}: {}", s.log.lock().unwrap());
 }
 
-/// `--drain-timeout 0`: SIGTERM cuts the stream in flight at once with an error event and
-/// `[DONE]`, and the process exits cleanly.
+/// `--drain-timeout 0`, or a second signal during the drain: the stream in flight is cut
+/// at once with an error event and `[DONE]`, and the process exits cleanly.
 #[cfg(unix)]
 #[test]
 fn sigterm_without_a_drain_cuts_streams_short() {
+    cut_short(&["--drain-timeout", "0"], 1);
+    // With a drain, a second signal (heard however late) skips the rest of it.
+    cut_short(&[], 2);
+}
+
+fn cut_short(args: &[&str], signals: usize) {
     let mut s = Server::start_with(
         &fixture("tiny-gpt2"),
-        &["-np", "1", "--drain-timeout", "0"],
+        &[&["-np", "1"], args].concat(),
         &[("BATCH_FORGE_STEP_DELAY_MS", "20")],
     );
     let url = format!("{}/v1/completions", s.base);
@@ -991,11 +1026,14 @@ fn sigterm_without_a_drain_cuts_streams_short() {
         .unwrap();
     let mut lines = BufReader::new(r.into_reader()).lines();
     assert!(lines.next().unwrap().unwrap().starts_with("data: "));
-    sigterm(&s);
+    for _ in 0..signals {
+        sigterm(&s);
+        std::thread::sleep(Duration::from_millis(300));
+    }
     // The stream (2.4 s of tokens at 20 ms a step) ends with an error event and [DONE].
     let t0 = Instant::now();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    assert!(t0.elapsed() < Duration::from_secs(2), "the stream was not cut short");
+    assert!(t0.elapsed() < Duration::from_millis(1500), "the stream was not cut short ({args:?}, {signals} signals)");
     assert!(rest.iter().any(|l| l.contains("shutting down")), "no error event: {rest:?}");
     assert_eq!(rest.iter().rev().find(|l| l.starts_with("data: ")).map(String::as_str), Some("data: [DONE]"));
     let status = wait_exit(&mut s, t0, Duration::from_secs(8));
@@ -1392,7 +1430,7 @@ print(json.dumps(out))
     assert_eq!(one("vllm:num_requests_waiting")["value"], 1.0);
     let usage = one("vllm:kv_cache_usage_perc")["value"].as_f64().unwrap();
     let total = s.metrics()("forge_kv_blocks_total");
-    // One sequence reserves the blocks of its prompt plus 40 tokens: 3 of 16 positions.
+    // One sequence reserves the blocks of its prompt plus 40 tokens: 3 blocks of 16 positions.
     assert_eq!(usage, 3.0 / total, "usage {usage} of {total} blocks");
     let info = one("vllm:cache_config_info");
     assert_eq!(info["labels"]["block_size"], "16");

@@ -4,6 +4,7 @@ mod bench;
 mod chat;
 mod devices;
 mod generate;
+mod health;
 mod inspect;
 mod perplexity;
 mod quantize;
@@ -63,6 +64,8 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     /// Serve the model over HTTP: OpenAI-compatible completions and chat, continuous batching.
     Serve(serve::ServeArgs),
+    /// Check that a running server is ready (its /health answers 200): exit status 0 or 1.
+    Health(health::HealthArgs),
     /// Compare the model stage by stage (embeddings, each block, final norm, logits)
     /// with a HF transformers dump from scripts/hf_reference.py.
     Verify(verify::VerifyArgs),
@@ -332,6 +335,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quantize(a) => quantize::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Health(a) => health::run(a),
     }
 }
 
@@ -532,37 +536,7 @@ pub fn warn_threads(threads: &[usize]) {
     }
 }
 
-/// Physical cores this process may run on: the CPUs in its affinity mask, counted once
-/// per (package, core) pair, so SMT siblings do not double the default thread count
-/// (matmul-bound work gains nothing from them). Falls back to the logical count.
-pub fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: pid 0 = this thread; the size passed is the set's own size.
-        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0 {
-            let mut cores = std::collections::HashSet::new();
-            for cpu in 0..libc::CPU_SETSIZE as usize {
-                // SAFETY: cpu < CPU_SETSIZE, the set's capacity.
-                if !unsafe { libc::CPU_ISSET(cpu, &set) } {
-                    continue;
-                }
-                let topo = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
-                let read = |f: &str| std::fs::read_to_string(format!("{topo}/{f}")).ok();
-                match (read("physical_package_id"), read("core_id")) {
-                    (Some(p), Some(c)) => cores.insert((p.trim().to_owned(), c.trim().to_owned())),
-                    _ => return logical,
-                };
-            }
-            if !cores.is_empty() {
-                return cores.len().min(logical);
-            }
-        }
-    }
-    logical
-}
+pub use batch_forge::backend::cpu::physical_cores;
 
 /// Run `f` on a rayon pool of `threads` workers (default: the physical cores). Running the whole
 /// job inside the pool, rather than calling into it from the main thread, keeps each

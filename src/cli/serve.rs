@@ -19,8 +19,8 @@ pub struct ServeArgs {
     /// vLLM's --chat-template); for models whose files carry none.
     #[arg(long = "chat-template", value_name = "FILE")]
     chat_template: Option<std::path::PathBuf>,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address to listen on (0.0.0.0: every interface, as in the container image).
+    #[arg(long, env = "FORGE_HOST", default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0: any free port; the chosen one is printed).
     #[arg(long, default_value_t = 8080)]
@@ -39,7 +39,7 @@ pub struct ServeArgs {
     /// Requests that may wait beyond the running ones; more get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
+    /// Require `Authorization: Bearer KEY` on every route but /health, /live and /metrics.
     #[arg(long, env = "FORGE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// The model id /v1/models reports (default: the model's file or folder name).
@@ -66,7 +66,7 @@ pub struct ServeArgs {
     /// Seconds the requests in flight may take to finish after SIGTERM or Ctrl-C (new
     /// ones get 503 and /health answers 503 meanwhile); then what is left is cancelled.
     /// A second signal stops at once.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=86400))]
     drain_timeout: u64,
     #[command(flatten)]
     backend: BackendArgs,
@@ -118,6 +118,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .try_init();
     let state = AppState::new(config);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // Installed before the server takes connections, so no signal meets the default
+    // action (an immediate kill) from "listening on" on.
+    let mut signal_listener = {
+        let _runtime = runtime.enter();
+        Signals::new()
+    };
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind((args.host.as_str(), args.port)))
         .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", args.host, args.port))?;
@@ -143,11 +149,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 }
                 spec.apply(&mut engine, "serve")?;
                 let info = engine.model.info().clone();
+                let backend = engine.backend.name();
+                // The CPU kernel level (replicas on different CPUs answer the same bits).
+                let isa = if backend == "cpu" { batch_forge::backend::cpu::simd::Isa::detect().name() } else { "-" };
                 tracing::info!(
                     architecture = info.architecture,
                     n_params = info.n_params,
                     context = info.context_length,
-                    backend = engine.backend.name(),
+                    backend,
+                    isa,
                     "model loaded in {:.2} s",
                     start.elapsed().as_secs_f64()
                 );
@@ -161,7 +171,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let stop_state = state.clone();
     let drain = Duration::from_secs(args.drain_timeout);
     let shutdown = async move {
-        shutdown_signal().await;
+        // One listener hears every signal for the life of the server: the first drains,
+        // the second stops the drain, a later one exits at once (even in the grace period).
+        let (signals_tx, mut signals) = tokio::sync::watch::channel(0u32);
+        tokio::spawn(async move {
+            let mut count = 0;
+            loop {
+                signal_listener.next().await;
+                count += 1;
+                if count >= 3 {
+                    eprintln!("error: third signal; exiting now");
+                    std::process::exit(1);
+                }
+                let _ = signals_tx.send(count);
+            }
+        });
+        let _ = signals.wait_for(|&n| n >= 1).await;
         // Drain: refuse new requests (503, /health 503) while those in flight finish.
         stop_state.draining.store(true, std::sync::atomic::Ordering::SeqCst);
         let in_flight = || stop_state.in_flight.load(std::sync::atomic::Ordering::SeqCst);
@@ -179,7 +204,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             tokio::select! {
                 () = finished => tracing::info!("drained: every request in flight finished"),
                 () = tokio::time::sleep(drain) => tracing::warn!("drain timeout: {} requests still in flight", in_flight()),
-                () = shutdown_signal() => tracing::info!("second signal: stopping now"),
+                _ = signals.wait_for(|&n| n >= 2) => tracing::info!("second signal: stopping now"),
             }
         }
         tracing::info!("shutting down: requests still in flight are cancelled");
@@ -212,23 +237,45 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, heard from the first call to `new` on: a signal that arrives
+/// between two `next` calls is kept, not lost.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals { int: signal(SignalKind::interrupt()).ok(), term: signal(SignalKind::terminate()).ok() }
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! {
+                () = recv(&mut self.int) => {},
+                () = recv(&mut self.term) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

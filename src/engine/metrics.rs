@@ -195,12 +195,15 @@ impl Metrics {
         self.ttft.render(&mut out, "forge_time_to_first_token_seconds", "Time to first token.");
         self.itl.render(&mut out, "forge_inter_token_latency_seconds", "Time between consecutive tokens.");
         self.e2e.render(&mut out, "forge_request_duration_seconds", "Request duration, arrival to last token.");
-        let label = format!("model_name=\"{}\"", escape_label(model_name));
         let total = self.kv_blocks_total.load(Ordering::Relaxed);
+        if total == 0 {
+            return out; // no model loaded yet: no pool to describe to a router
+        }
+        let label = format!("model_name=\"{}\"", escape_label(model_name));
         // Blocks reserved by running sequences; prefix-cache entries are evictable, so
         // they count as free (as vLLM counts its cached blocks with no reference).
         let reserved = g.kv_blocks_used.saturating_sub(g.kv_blocks_cached);
-        let usage = if total == 0 { 0.0 } else { reserved as f64 / total as f64 };
+        let usage = reserved as f64 / total as f64;
         let vllm: [(&str, &str, String); 3] = [
             ("vllm:num_requests_running", "Requests being decoded or prefilled.", g.running.to_string()),
             ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", g.waiting.to_string()),
@@ -235,5 +238,22 @@ mod tests {
         assert!(text.contains("forge_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n"), "{text}");
         assert!(text.contains("forge_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
         assert!(text.contains("forge_time_to_first_token_seconds_count 3\n"), "{text}");
+    }
+
+    #[test]
+    fn router_names_appear_with_a_pool_and_escape_their_label() {
+        let m = Metrics::default();
+        assert!(!m.render_for("x").contains("vllm:"), "no pool yet, no router names");
+        m.kv_blocks_total.store(8, Ordering::Relaxed);
+        m.publish(Gauges { running: 1, waiting: 2, kv_blocks_used: 5, kv_blocks_cached: 2 });
+        let text = m.render_for("a \"b\" \\ c\nd");
+        let label = r#"model_name="a \"b\" \\ c\nd""#;
+        assert!(text.contains(&format!("vllm:num_requests_running{{{label}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("vllm:num_requests_waiting{{{label}}} 2\n")), "{text}");
+        assert!(text.contains(&format!("vllm:kv_cache_usage_perc{{{label}}} 0.375\n")), "{text}");
+        assert!(
+            text.contains(&format!("vllm:cache_config_info{{{label},block_size=\"16\",num_gpu_blocks=\"8\"}} 1\n")),
+            "{text}"
+        );
     }
 }

@@ -200,6 +200,8 @@ pub fn ensure_finite(logits: &[f32], step: usize, position: usize) -> anyhow::Re
 
 /// The id of the one request [`Engine::generate`] submits, and of a session's.
 const ONLY_REQUEST: u64 = 0;
+/// Rows per forward when [`Engine::score`] prefills a text.
+pub const SCORE_CHUNK: usize = 512;
 /// The session id of a [`Session`]'s requests.
 const SESSION: u64 = 0;
 
@@ -372,6 +374,41 @@ impl<B: Backend> Engine<B> {
         let positions = scheduler::positions_for(prompt_ids.len(), budget);
         let mut scheduler = self.scheduler(SchedulerConfig::single(positions));
         run_request(&mut scheduler, None, prompt_ids, budget, params, constraint, on_token)
+    }
+
+    /// Score `ids`: the log-probability of each token after the first given the ones
+    /// before it, with the `top` most likely alternatives: what the server's `echo` with
+    /// `logprobs` reports, and what an evaluation's log-likelihood sums. One request on
+    /// the engine's scheduler, prefilled in chunks of at most [`SCORE_CHUNK`] rows, so the
+    /// logits held at once stay bounded however long the text.
+    pub fn score(&self, ids: &[u32], top: usize) -> anyhow::Result<Vec<TokenLogprobs>> {
+        self.check_prompt(ids.len(), None)?;
+        if ids.len() < 2 {
+            return Ok(Vec::new()); // nothing comes after the first token
+        }
+        let mut config = SchedulerConfig::single(scheduler::positions_for(ids.len(), 0));
+        config.batch_tokens = config.batch_tokens.min(SCORE_CHUNK);
+        let mut scheduler = self.scheduler(config);
+        let mut request = Request::new(ONLY_REQUEST, ids.to_vec(), 0, SamplingParams::greedy());
+        request.prompt_logprobs = Some(top);
+        scheduler.add(request);
+        let mut scored = Vec::with_capacity(ids.len() - 1);
+        let mut events = Vec::with_capacity(4);
+        loop {
+            scheduler.step(&mut events);
+            for (_, event) in events.drain(..) {
+                match event {
+                    Event::PromptLogprobs(part) => scored.extend(part),
+                    Event::Finished { .. } => {
+                        ensure!(scored.len() == ids.len() - 1, "scored {} of {} tokens", scored.len(), ids.len() - 1);
+                        return Ok(scored);
+                    }
+                    Event::Failed(e) => bail!(e),
+                    _ => {}
+                }
+            }
+            ensure!(scheduler.busy(), "the engine dropped the request without an answer");
+        }
     }
 
     /// [`Engine::generate`] within a session: the cached prefix that `prompt_ids` shares

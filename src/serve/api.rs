@@ -35,7 +35,8 @@ use crate::engine::scheduler::{Event, Request as EngineRequest};
 use crate::engine::text::TextOut;
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let open = Router::new().route("/health", get(health)).route("/live", get(live));
+    // Probes and the metrics routers scrape need no key (as vLLM guards only its API).
+    let open = Router::new().route("/health", get(health)).route("/live", get(live)).route("/metrics", get(metrics));
     let guarded = Router::new()
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
@@ -43,7 +44,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/models", get(models))
-        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth));
@@ -98,7 +98,10 @@ async fn live() -> Response {
 const DRAINING: &str = "the server is draining (shutting down); send the request to another replica";
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render_for(&state.config.model_name))
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        state.metrics.render_for(&state.config.model_name),
+    )
         .into_response()
 }
 
