@@ -30,7 +30,9 @@ use common::{round_to, tensor, view};
 use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, MatrixLayout, Rope, RopeStyle, SeqSlice, rope_row};
+use batch_forge::backend::{
+    AttentionSpec, Backend, HostMatrix, MatrixLayout, Rope, RopeScaling, RopeStyle, SeqSlice, rope_row,
+};
 use batch_forge::compare::error_stats;
 use batch_forge::engine::sampler::Rng;
 
@@ -281,7 +283,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
         n_kv_head: 1,
         head_dim: 2,
         scale: 1.0,
-        rope: Some(Rope { theta: 1e4, style: RopeStyle::Halves }),
+        rope: Some(Rope::new(1e4, RopeStyle::Halves)),
         window: None,
     };
     if let Err(e) = b.supports(&probe) {
@@ -312,21 +314,27 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
         );
     }
 
-    // Grouped-query attention with RoPE (both pair layouts, several bases), prefill,
-    // decode and chunked prefill over two sequences; then positions near 8192.
+    // Grouped-query attention with RoPE (both pair layouts, several bases, Llama 3's and
+    // linear scaling), prefill, decode and chunked prefill over two sequences; then
+    // positions near 8192.
+    let llama3 =
+        RopeScaling::Llama3 { factor: 32.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192.0 };
     let specs = [
-        (4, 2, 16, 1e4, RopeStyle::Adjacent),
-        (9, 3, 64, 1e5, RopeStyle::Halves),
-        (3, 1, 18, 5e5, RopeStyle::Halves),
-        (6, 6, 32, 1e4, RopeStyle::Adjacent),
+        (4, 2, 16, 1e4, RopeStyle::Adjacent, RopeScaling::None),
+        (9, 3, 64, 1e5, RopeStyle::Halves, RopeScaling::None),
+        (3, 1, 18, 5e5, RopeStyle::Halves, RopeScaling::None),
+        (6, 6, 32, 1e4, RopeStyle::Adjacent, RopeScaling::None),
+        (8, 2, 64, 5e5, RopeStyle::Adjacent, llama3),
+        (4, 4, 16, 1e6, RopeStyle::Halves, RopeScaling::Linear { factor: 8.0 }),
     ];
-    for (n_head, n_kv_head, head_dim, theta, style) in specs {
+    for (n_head, n_kv_head, head_dim, theta, style, scaling) in specs {
+        let freq_factors = scaling.freq_factors(theta, head_dim).map(Into::into);
         let spec = AttentionSpec {
             n_head,
             n_kv_head,
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
-            rope: Some(Rope { theta, style }),
+            rope: Some(Rope { theta, style, freq_factors }),
             window: None,
         };
         let (w, kw) = (spec.qkv_width(), spec.kv_width());
@@ -419,7 +427,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
             n_kv_head: 1,
             head_dim: 32,
             scale: 0.25,
-            rope: Some(Rope { theta: 1e4, style: RopeStyle::Halves }),
+            rope: Some(Rope::new(1e4, RopeStyle::Halves)),
             window: Some(window),
         };
         let (w, kw) = (spec.qkv_width(), spec.kv_width());
@@ -430,7 +438,7 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
         ];
         let (mut kb1, mut kb2) = (b.new_kv_cache(1, 60, kw).unwrap(), b.new_kv_cache(1, 60, kw).unwrap());
         let (mut kr1, mut kr2) = (r.new_kv_cache(1, 60, kw).unwrap(), r.new_kv_cache(1, 60, kw).unwrap());
-        let plain = AttentionSpec { rope: None, ..spec };
+        let plain = AttentionSpec { rope: None, ..spec.clone() };
         for (seqs, t) in steps {
             let mut qkv = host(t, w, normal(&mut rng, t * w, 1.0));
             if kv_f16 {
@@ -440,9 +448,9 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
                     row[spec.q_width()..].copy_from_slice(&kv);
                 }
             }
-            let spec = if kv_f16 { plain } else { spec };
-            let got = b.attention(&b.upload(&qkv), &seqs, &mut [&mut kb1, &mut kb2], 0, &spec).unwrap();
-            let want = r.attention(&qkv, &seqs, &mut [&mut kr1, &mut kr2], 0, &spec).unwrap();
+            let spec = if kv_f16 { &plain } else { &spec };
+            let got = b.attention(&b.upload(&qkv), &seqs, &mut [&mut kb1, &mut kb2], 0, spec).unwrap();
+            let want = r.attention(&qkv, &seqs, &mut [&mut kr1, &mut kr2], 0, spec).unwrap();
             let what = format!("window {window} T={t} pos {}", seqs[0].start_pos);
             note("attention_window", compare(&what, &read(&got), &want));
         }

@@ -239,6 +239,9 @@ fn llama_family_and_gemma_fixtures_are_bit_identical_on_every_level() {
     // Qwen 2 (q/k/v biases) and Qwen 3 (q/k head norms).
     cases.push((f("tiny-qwen2/tiny-qwen2.f32.gguf"), None));
     cases.push((f("tiny-qwen3"), None));
+    // RoPE scaling: Llama 3's (the GGUF's rope_freqs.weight) and Gemma 3's linear.
+    cases.push((f("tiny-llama3/tiny-llama3.f32.gguf"), None));
+    cases.push((f("tiny-gemma3-linear"), None));
     check(&cases, 8, 4);
 }
 

@@ -177,6 +177,8 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
         ("tiny-llama-untied", FileType::Q4_1, "tiny-llama-untied/tiny-llama-untied.q4_1.gguf"),
         ("tiny-llama-k", FileType::Q4KM, "tiny-llama-k/tiny-llama-k.q4_k.gguf"),
         ("tiny-gpt2", FileType::Q8_0, "tiny-gpt2/tiny-gpt2.q8_0.gguf"),
+        // Llama 3's RoPE scaling becomes the `rope_freqs.weight` tensor.
+        ("tiny-llama3", FileType::F32, "tiny-llama3/tiny-llama3.f32.gguf"),
     ] {
         let out = dir.path().join(format!("{folder}.gguf"));
         let opts = QuantizeOptions { ftype, pure: false, allow_requantize: false };

@@ -17,6 +17,8 @@ pub mod reference;
 
 use std::ops::Range;
 
+use std::sync::Arc;
+
 use anyhow::ensure;
 
 use crate::tensor::{GgmlType, TensorView};
@@ -35,21 +37,85 @@ pub struct KvShape {
 }
 
 /// Rotary position embedding (Su et al., 2021): the pairs of each query and key head are
-/// rotated by `pos · base^(-2i/head_dim)`, pair `i = 0 .. head_dim/2`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// rotated by `pos · base^(-2i/head_dim) / factor_i`, pair `i = 0 .. head_dim/2`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Rope {
     /// `base` above (`rope_theta`, llama.cpp's `rope.freq_base`).
     pub theta: f32,
     pub style: RopeStyle,
+    /// Each pair's frequency is divided by its factor (`factor_i` above): RoPE scaling for
+    /// contexts longer than training's. Llama 3's `llama3` scaling divides the low
+    /// frequencies only (llama.cpp's `rope_freqs.weight` holds exactly these factors),
+    /// `linear` scaling divides every one by the same factor. `None`: all 1.
+    pub freq_factors: Option<Arc<[f32]>>,
 }
 
 impl Rope {
-    /// cos and sin of pair `i`'s angle at `pos`, `pos · θ^(−2i/head_dim)`, computed in f64
-    /// and rounded once (every backend rotates with these very values).
+    /// RoPE with base `theta` and no scaling.
+    pub fn new(theta: f32, style: RopeStyle) -> Self {
+        Rope { theta, style, freq_factors: None }
+    }
+
+    /// cos and sin of pair `i`'s angle at `pos`, `pos · θ^(−2i/head_dim) / factor_i`, computed
+    /// in f64 and rounded once (every backend rotates with these very values).
     pub fn cos_sin(&self, head_dim: usize, pos: usize, i: usize) -> (f32, f32) {
-        let inv_freq = (self.theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+        let mut inv_freq = (self.theta as f64).powf(-((2 * i) as f64) / head_dim as f64);
+        if let Some(f) = self.freq_factors.as_deref().and_then(|f| f.get(i)) {
+            inv_freq /= *f as f64;
+        }
         let angle = pos as f64 * inv_freq;
         (angle.cos() as f32, angle.sin() as f32)
+    }
+}
+
+/// How a model stretches RoPE for contexts longer than it was trained on (HF's
+/// `rope_scaling` / `rope_parameters`, llama.cpp's `rope.scaling.*` and `rope_freqs`),
+/// as the per-pair frequency factors of [`Rope::freq_factors`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum RopeScaling {
+    #[default]
+    None,
+    /// Every frequency divided by `factor` (HF's `linear`, llama.cpp's `linear`:
+    /// positions interpolated; Gemma 3 4B and larger on their global layers).
+    Linear { factor: f32 },
+    /// Llama 3.1's (HF's `llama3`): wavelengths longer than
+    /// `original_context / low_freq_factor` are divided by `factor`, those shorter than
+    /// `original_context / high_freq_factor` kept, and those between blended smoothly.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
+}
+
+impl RopeScaling {
+    /// The factor of each of the `head_dim / 2` pairs of RoPE with base `theta`, as llama.cpp's
+    /// converter writes them into `rope_freqs.weight` (HF's `_compute_llama3_parameters`
+    /// gives the same values): in f32 arithmetic, step by step as that converter's torch code,
+    /// so a converted file has its bytes. `None` without scaling.
+    pub fn freq_factors(&self, theta: f32, head_dim: usize) -> Option<Vec<f32>> {
+        let pairs = 0..head_dim / 2;
+        match *self {
+            RopeScaling::None => None,
+            RopeScaling::Linear { factor } => Some(pairs.map(|_| factor).collect()),
+            RopeScaling::Llama3 { factor, low_freq_factor: low, high_freq_factor: high, original_context: ctx } => {
+                let (low_wavelen, high_wavelen) = ((ctx as f64 / low as f64) as f32, (ctx as f64 / high as f64) as f32);
+                let span = (high as f64 - low as f64) as f32;
+                Some(
+                    pairs
+                        .map(|i| {
+                            let exponent = (2 * i) as f32 / head_dim as f32;
+                            let freq = 1.0 / ((theta as f64).powf(exponent as f64) as f32);
+                            let wavelen = std::f32::consts::TAU / freq;
+                            if wavelen < high_wavelen {
+                                1.0
+                            } else if wavelen > low_wavelen {
+                                factor
+                            } else {
+                                let smooth = (ctx / wavelen - low) / span;
+                                1.0 / ((1.0 - smooth) / factor + smooth)
+                            }
+                        })
+                        .collect(),
+                )
+            }
+        }
     }
 }
 
@@ -68,7 +134,7 @@ pub enum RopeStyle {
 /// all query heads, then the key heads, then the value heads. Query head `h` reads key/value
 /// head `h / (n_head / n_kv_head)` (grouped-query attention; multi-head when the counts are
 /// equal). The output is `(T, n_head·head_dim)`.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AttentionSpec {
     pub n_head: usize,
     pub n_kv_head: usize,
@@ -121,6 +187,18 @@ impl AttentionSpec {
             "attention: RoPE needs an even head size, not {}",
             self.head_dim
         );
+        if let Some(f) = self.rope.as_ref().and_then(|r| r.freq_factors.as_deref()) {
+            ensure!(
+                f.len() == self.head_dim / 2,
+                "attention: {} RoPE frequency factors for {} rotated pairs",
+                f.len(),
+                self.head_dim / 2
+            );
+            ensure!(
+                f.iter().all(|x| x.is_finite() && *x > 0.0),
+                "attention: RoPE frequency factors must be finite and positive"
+            );
+        }
         ensure!(self.qkv_width() <= 1 << 24, "attention: implausibly wide heads");
         ensure!(self.window != Some(0), "attention: a sliding window of 0 keys");
         Ok(())

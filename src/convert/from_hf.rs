@@ -21,6 +21,7 @@ use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
 use super::quantize::{Source, SourceTensor};
+use crate::backend::RopeScaling;
 use crate::loaders::WeightStore;
 use crate::loaders::config::Gpt2Config;
 use crate::loaders::gguf::{GgmlType, MetaValue};
@@ -93,6 +94,12 @@ impl HfModel {
                 set("llama.attention.value_length", u32v(c.head_dim));
                 set("llama.vocab_size", u32v(c.vocab_size));
                 set("llama.rope.dimension_count", u32v(c.head_dim));
+                // As convert_hf_to_gguf.py: linear scaling in the metadata, Llama 3's as
+                // the `rope_freqs.weight` tensor (see `llama_tensors`).
+                if let RopeScaling::Linear { factor } = c.rope_scaling {
+                    set("llama.rope.scaling.type", MetaValue::String("linear".into()));
+                    set("llama.rope.scaling.factor", MetaValue::F32(factor));
+                }
             }
             Arch::Gpt2(c) => {
                 set("gpt2.block_count", u32v(c.n_layer));
@@ -350,7 +357,22 @@ impl HfModel {
             }
         }
         self.check_all_used(&map, |n| n.ends_with("rotary_emb.inv_freq"))?;
-        map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
+        let mut tensors = Vec::with_capacity(map.len() + 1);
+        if let RopeScaling::Llama3 { .. } = c.rope_scaling
+            && let Some(factors) = c.rope_scaling.freq_factors(c.rope_theta, hd)
+        {
+            let bytes: Vec<u8> = factors.iter().flat_map(|x| x.to_le_bytes()).collect();
+            tensors.push(SourceTensor {
+                name: "rope_freqs.weight".into(),
+                dims: vec![factors.len() as u64],
+                ty: GgmlType::F32,
+                load: Box::new(move || Ok(Cow::Owned(bytes.clone()))),
+            });
+        }
+        for (h, g, r, shape) in map {
+            tensors.push(self.tensor(&h, &g, r, &shape)?);
+        }
+        Ok(tensors)
     }
 
     fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::gguf::GgufFile;
+use crate::backend::RopeScaling;
 
 /// Larger models are refused before any allocation.
 const MAX_DIM: usize = 1 << 20;
@@ -47,6 +48,9 @@ pub struct LlamaConfig {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub rope_theta: f32,
+    /// RoPE scaling from the config (HF) or the metadata (GGUF `rope.scaling.type`
+    /// `linear`); a GGUF's `rope_freqs.weight` tensor is read by the model.
+    pub rope_scaling: RopeScaling,
     pub rms_norm_eps: f32,
     /// Context length (`max_position_embeddings`, `llama.context_length`).
     pub context_length: usize,
@@ -58,18 +62,74 @@ pub struct LlamaConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The RoPE scaling of an HF `rope_scaling` object or transformers 5's `rope_parameters`
+/// of one attention kind: `default`, `linear` or `llama3`; any other type is refused by name.
+pub fn rope_scaling_of_hf(v: &serde_json::Value) -> Result<RopeScaling, String> {
+    if v.is_null() {
+        return Ok(RopeScaling::None);
+    }
+    let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
+    let num = |k: &str| -> Result<f32, String> {
+        let x =
+            v.get(k).and_then(|x| x.as_f64()).ok_or_else(|| format!("{ty} RoPE scaling needs a number {k}, in {v}"))?;
+        if x.is_finite() && x > 0.0 && x < 1e9 {
+            Ok(x as f32)
+        } else {
+            Err(format!("RoPE scaling {k} = {x} is not a positive number"))
+        }
+    };
+    match ty {
+        "default" => Ok(RopeScaling::None),
+        "linear" => match num("factor")? {
+            1.0 => Ok(RopeScaling::None),
+            factor => Ok(RopeScaling::Linear { factor }),
+        },
+        "llama3" => {
+            let (low_freq_factor, high_freq_factor) = (num("low_freq_factor")?, num("high_freq_factor")?);
+            if high_freq_factor <= low_freq_factor {
+                return Err(format!(
+                    "llama3 RoPE scaling needs high_freq_factor ({high_freq_factor}) above low_freq_factor ({low_freq_factor})"
+                ));
+            }
+            Ok(RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor,
+                high_freq_factor,
+                original_context: num("original_max_position_embeddings")?,
+            })
+        }
+        other => Err(format!("RoPE scaling {other:?} is not supported (supported: default, linear, llama3)")),
+    }
+}
+
+/// A GGUF's `{arch}.rope.scaling.type` and `.factor`: none or `linear` (llama.cpp's
+/// converter writes Llama 3's scaling as the `rope_freqs.weight` tensor instead).
+pub fn rope_scaling_of_gguf(f: &GgufFile, arch: &str) -> Result<RopeScaling, String> {
+    let ty = match f.get(&format!("{arch}.rope.scaling.type")) {
+        None => return Ok(RopeScaling::None),
+        Some(v) => v.as_str().ok_or_else(|| format!("metadata {arch}.rope.scaling.type is not a string"))?,
+    };
+    match ty {
+        "none" => Ok(RopeScaling::None),
+        "linear" => {
+            let full = format!("{arch}.rope.scaling.factor");
+            let factor = f
+                .get(&full)
+                .and_then(|v| v.as_f64())
+                .filter(|x| x.is_finite() && *x > 0.0 && *x < 1e9)
+                .ok_or_else(|| format!("metadata {full} is missing or not a positive number"))?;
+            Ok(if factor == 1.0 { RopeScaling::None } else { RopeScaling::Linear { factor: factor as f32 } })
+        }
+        other => Err(format!("{arch}.rope.scaling.type {other:?} is not supported (supported: none, linear)")),
+    }
+}
+
 /// A number or a list of numbers (`eos_token_id` in HF configs).
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum OneOrMany {
     One(u32),
     Many(Vec<u32>),
-}
-
-#[derive(Deserialize)]
-struct RopeParameters {
-    rope_theta: Option<f32>,
-    rope_type: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -83,7 +143,7 @@ struct RawLlama {
     num_key_value_heads: Option<usize>,
     head_dim: Option<usize>,
     rope_theta: Option<f32>,
-    rope_parameters: Option<RopeParameters>,
+    rope_parameters: Option<serde_json::Value>,
     rope_scaling: Option<serde_json::Value>,
     #[serde(default = "default_rms_eps")]
     rms_norm_eps: f32,
@@ -124,14 +184,20 @@ impl LlamaConfig {
         if (raw.attention_bias == Some(true) && variant != LlamaVariant::Qwen2) || raw.mlp_bias {
             return Err("attention_bias / mlp_bias are not supported (Llama has no biases)".into());
         }
-        let rope_type = raw.rope_parameters.as_ref().and_then(|p| p.rope_type.as_deref());
-        if rope_type.is_some_and(|t| t != "default") {
-            return Err(format!("RoPE scaling {:?} is not supported (only the default RoPE)", rope_type.unwrap_or("")));
-        }
-        if raw.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err("rope_scaling is not supported (only the default RoPE)".into());
-        }
-        let rope_theta = raw.rope_parameters.as_ref().and_then(|p| p.rope_theta).or(raw.rope_theta).unwrap_or(10000.0);
+        // transformers 5 writes `rope_parameters` (with `rope_theta` inside), 4.x `rope_scaling`.
+        let rope_scaling = match (&raw.rope_parameters, &raw.rope_scaling) {
+            (Some(p), _) if !p.is_null() => rope_scaling_of_hf(p)?,
+            (_, Some(s)) => rope_scaling_of_hf(s)?,
+            _ => RopeScaling::None,
+        };
+        let rope_theta = raw
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .map(|t| t as f32)
+            .or(raw.rope_theta)
+            .unwrap_or(10000.0);
         let n_head = raw.num_attention_heads;
         let head_dim = match raw.head_dim {
             Some(d) => d,
@@ -148,6 +214,7 @@ impl LlamaConfig {
             n_kv_head: raw.num_key_value_heads.unwrap_or(n_head),
             head_dim,
             rope_theta,
+            rope_scaling,
             rms_norm_eps: raw.rms_norm_eps,
             context_length: raw.max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings,
@@ -207,11 +274,7 @@ impl LlamaConfig {
                 "{arch}.rope.dimension_count differs from the head size (partial RoPE): not supported"
             ));
         }
-        if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str())
-            && t != "none"
-        {
-            return Err(format!("{arch}.rope.scaling.type {t:?} is not supported (only the default RoPE)"));
-        }
+        let rope_scaling = rope_scaling_of_gguf(f, arch)?;
         if f.get(&key("expert_count")).and_then(|v| v.as_u64()).is_some_and(|n| n > 0) {
             return Err("mixture-of-experts Llama models are not supported".into());
         }
@@ -232,6 +295,7 @@ impl LlamaConfig {
             },
             head_dim,
             rope_theta: float("rope.freq_base", Some(10000.0))?,
+            rope_scaling,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon", None)?,
             context_length: num("context_length")?,
             tie_word_embeddings: f.tensor("output.weight").is_none(),

@@ -24,9 +24,10 @@
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
+use crate::backend::{AttentionSpec, Backend, Rope, RopeScaling, RopeStyle};
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
 use crate::loaders::gguf::GgufFile;
+use crate::loaders::llama_config::{rope_scaling_of_gguf, rope_scaling_of_hf};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 use crate::tensor::{Dtype, TensorView};
 
@@ -53,6 +54,9 @@ pub struct Gemma3Config {
     /// RoPE bases of the global and the local blocks.
     pub rope_theta: f32,
     pub rope_local_theta: f32,
+    /// RoPE scaling of the global blocks (Gemma 3 4B and larger: linear, factor 8); the
+    /// local blocks are never scaled, as in HF and llama.cpp.
+    pub rope_scaling: RopeScaling,
     /// Queries are scaled by `query_pre_attn_scalar^-½`.
     pub query_pre_attn_scalar: f32,
     pub bos_token_id: Option<u32>,
@@ -62,12 +66,6 @@ pub struct Gemma3Config {
 /// llama.cpp's Gemma 3 layout: blocks `i` with `i % 6 < 5` are local.
 fn swa_pattern(n_layer: usize, pattern: usize) -> Vec<bool> {
     (0..n_layer).map(|i| pattern == 0 || i % pattern < pattern - 1).collect()
-}
-
-#[derive(Deserialize)]
-struct RopeParams {
-    rope_type: Option<String>,
-    rope_theta: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -98,7 +96,7 @@ struct RawGemma3 {
     rope_theta: Option<f32>,
     rope_local_base_freq: Option<f32>,
     rope_scaling: Option<serde_json::Value>,
-    rope_parameters: Option<std::collections::HashMap<String, RopeParams>>,
+    rope_parameters: Option<std::collections::HashMap<String, serde_json::Value>>,
     query_pre_attn_scalar: Option<f32>,
     final_logit_softcapping: Option<f32>,
     attn_logit_softcapping: Option<f32>,
@@ -144,17 +142,27 @@ impl Gemma3Config {
             return Err("Gemma 3 with an untied head is not supported".into());
         }
         let (mut theta, mut local_theta) = (raw.rope_theta.unwrap_or(1e6), raw.rope_local_base_freq.unwrap_or(1e4));
-        if raw.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err("rope_scaling is not supported (Gemma 3 4B and larger scale RoPE linearly)".into());
-        }
+        // transformers 4.x: `rope_scaling` scales the global blocks; 5.x: `rope_parameters`
+        // per attention kind.
+        let mut rope_scaling = match &raw.rope_scaling {
+            Some(v) => rope_scaling_of_hf(v)?,
+            None => RopeScaling::None,
+        };
         if let Some(params) = &raw.rope_parameters {
             for (kind, p) in params {
-                if p.rope_type.as_deref().is_some_and(|t| t != "default") {
-                    return Err(format!("RoPE type {:?} of {kind} is not supported", p.rope_type));
-                }
-                match (kind.as_str(), p.rope_theta) {
-                    ("full_attention", Some(t)) => theta = t,
-                    ("sliding_attention", Some(t)) => local_theta = t,
+                let scaling = rope_scaling_of_hf(p).map_err(|e| format!("{kind}: {e}"))?;
+                let t = p.get("rope_theta").and_then(|t| t.as_f64()).map(|t| t as f32);
+                match kind.as_str() {
+                    "full_attention" => {
+                        theta = t.unwrap_or(theta);
+                        rope_scaling = scaling;
+                    }
+                    "sliding_attention" => {
+                        local_theta = t.unwrap_or(local_theta);
+                        if scaling != RopeScaling::None {
+                            return Err("RoPE scaling of the sliding-window blocks is not supported".into());
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -193,6 +201,7 @@ impl Gemma3Config {
             local,
             rope_theta: theta,
             rope_local_theta: local_theta,
+            rope_scaling,
             query_pre_attn_scalar: raw.query_pre_attn_scalar.unwrap_or(raw.head_dim as f32),
             bos_token_id: raw.bos_token_id,
             eos_token_ids: match raw.eos_token_id {
@@ -235,14 +244,7 @@ impl Gemma3Config {
                     .ok_or_else(|| format!("metadata tokenizer.ggml.{key} is not a token id")),
             }
         };
-        if let Some(t) = f.get("gemma3.rope.scaling.type").and_then(|v| v.as_str())
-            && t != "none"
-        {
-            return Err(format!("gemma3.rope.scaling.type {t:?} is not supported (only the default RoPE)"));
-        }
-        if f.get("gemma3.rope.scaling.factor").and_then(|v| v.as_f64()).is_some_and(|x| x != 1.0) {
-            return Err("gemma3.rope.scaling.factor is not supported (Gemma 3 4B and larger scale RoPE)".into());
-        }
+        let rope_scaling = rope_scaling_of_gguf(f, "gemma3")?;
         let n_layer = num("block_count")?;
         if n_layer > MAX_DIM {
             return Err(format!("gemma3.block_count = {n_layer} is implausibly many"));
@@ -272,6 +274,7 @@ impl Gemma3Config {
             local: swa_pattern(n_layer, 6),
             rope_theta: float("rope.freq_base", 1e6)?,
             rope_local_theta: 10_000.0,
+            rope_scaling,
             query_pre_attn_scalar,
             bos_token_id: token("bos_token_id")?,
             eos_token_ids: token("eos_token_id")?.into_iter().collect(),
@@ -400,6 +403,8 @@ impl<B: Backend> Gemma3<B> {
             backend.load_vector(&TensorView { name, dtype: Dtype::F32, shape: &[n], bytes: &bytes })
         };
         let matrix = |t: Tensor| load_matrix(backend, &t);
+        let global_factors: Option<std::sync::Arc<[f32]>> =
+            config.rope_scaling.freq_factors(config.rope_theta, d).map(Into::into);
         let blocks = (0..config.n_layer)
             .map(|i| {
                 let n = |part: &str| name(i, part);
@@ -409,9 +414,10 @@ impl<B: Backend> Gemma3<B> {
                     n_kv_head: config.n_kv_head,
                     head_dim: d,
                     scale: 1.0 / config.query_pre_attn_scalar.sqrt(),
-                    rope: Some(Rope {
-                        theta: if local { config.rope_local_theta } else { config.rope_theta },
-                        style: RopeStyle::Halves,
+                    rope: Some(if local {
+                        Rope::new(config.rope_local_theta, RopeStyle::Halves)
+                    } else {
+                        Rope { freq_factors: global_factors.clone(), ..Rope::new(config.rope_theta, RopeStyle::Halves) }
                     }),
                     window: local.then_some(config.sliding_window),
                 };
@@ -553,6 +559,16 @@ mod tests {
         let scaled = format!(
             r#"{{"model_type": "gemma3_text", {base}, "rope_scaling": {{"rope_type": "linear", "factor": 8.0}}}}"#
         );
-        assert!(Gemma3Config::from_hf_json(&scaled).unwrap_err().contains("rope_scaling"));
+        // transformers 4.x: `rope_scaling` scales the global blocks (Gemma 3 4B's config).
+        let c = Gemma3Config::from_hf_json(&scaled).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        let yarn = format!(
+            r#"{{"model_type": "gemma3_text", {base}, "rope_scaling": {{"rope_type": "yarn", "factor": 8.0}}}}"#
+        );
+        assert!(Gemma3Config::from_hf_json(&yarn).unwrap_err().contains("\"yarn\""));
+        let local = format!(
+            r#"{{"model_type": "gemma3_text", {base}, "rope_parameters": {{"sliding_attention": {{"rope_type": "linear", "factor": 2.0}}}}}}"#
+        );
+        assert!(Gemma3Config::from_hf_json(&local).unwrap_err().contains("sliding-window blocks"));
     }
 }

@@ -18,7 +18,7 @@
 //! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`]. Qwen's
 //! GGUF files keep HF's row order: their RoPE rotates halves in both layouts.
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 
 use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
@@ -95,6 +95,23 @@ impl<B: Backend> Llama<B> {
         config.validate().map_err(|e| anyhow::anyhow!("invalid Llama config: {e}"))?;
         let gguf = matches!(weights, Weights::Gguf(_));
         let names = Names { gguf };
+        let rope_scaling = config.rope_scaling.freq_factors(config.rope_theta, config.head_dim);
+        // llama.cpp's converter stores Llama 3's scaling as per-pair factors; linear scaling
+        // from the metadata multiplies them, as llama.cpp applies both.
+        let freq_factors = match weights.get("rope_freqs.weight")? {
+            Some(t) => {
+                let half = config.head_dim / 2;
+                let stored = t.view()?.to_f32().map_err(anyhow::Error::msg)?;
+                ensure!(
+                    stored.len() == half,
+                    "rope_freqs.weight has {} values, not one per rotated pair ({half})",
+                    stored.len()
+                );
+                let linear = rope_scaling.as_ref().map_or(vec![1.0; half], |l| l.clone());
+                Some(stored.iter().zip(&linear).map(|(a, b)| a * b).collect::<Vec<f32>>())
+            }
+            None => rope_scaling,
+        };
         let spec = AttentionSpec {
             n_head: config.n_head,
             n_kv_head: config.n_kv_head,
@@ -108,13 +125,11 @@ impl<B: Backend> Llama<B> {
                 } else {
                     RopeStyle::Halves
                 },
+                freq_factors: freq_factors.map(Into::into),
             }),
             window: None,
         };
         backend.supports(&spec)?;
-        if weights.get("rope_freqs.weight")?.is_some() {
-            bail!("the file has rope_freqs.weight (Llama 3.1-style RoPE scaling), which is not supported");
-        }
         let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (qw, kw) = (spec.q_width(), spec.kv_width());
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);

@@ -677,12 +677,12 @@ impl Backend for CpuBackend {
         let (hd, stride, qw, kw) = (spec.head_dim, spec.qkv_width(), spec.q_width(), spec.kv_width());
         let (n_head, n_rows) = (spec.n_head, qkv.rows);
         // 0. RoPE on a copy of the queries and keys, at each row's position.
-        let rotated = spec.rope.map(|rope| {
+        let rotated = spec.rope.as_ref().map(|rope| {
             let mut r = self.take_to_overwrite(qkv.rows, qkv.cols);
             r.copy_from_slice(qkv);
             for seq in seqs {
                 for (i, row) in seq.rows.clone().enumerate() {
-                    rope_row(spec, &rope, &mut r[row * stride..(row + 1) * stride], seq.start_pos + i);
+                    rope_row(spec, rope, &mut r[row * stride..(row + 1) * stride], seq.start_pos + i);
                 }
             }
             r

@@ -103,7 +103,7 @@ pub struct GpuBackend {
     param_slot: u64,
     dummy: wgpu::Buffer,
     /// RoPE cos/sin tables by (θ bits, head_dim): the largest capacity built so far.
-    rope_tables: Mutex<Vec<(u32, usize, usize, wgpu::Buffer)>>,
+    rope_tables: Mutex<Vec<(Rope, usize, usize, wgpu::Buffer)>>,
     /// Kernels for block-quantized weights, compiled per format on first use.
     quant_kernels: Mutex<HashMap<GgmlType, Arc<QuantKernels>>>,
     /// The device was opened with wgpu's subgroup feature.
@@ -475,12 +475,13 @@ impl GpuBackend {
     }
 
     /// The RoPE table for `rope` and `head_dim` covering positions `0..capacity`:
-    /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, head_dim)
+    /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, frequency factors, head_dim)
     /// and rebuilt only for a larger capacity.
     fn rope_table(&self, rope: &Rope, head_dim: usize, capacity: usize) -> anyhow::Result<wgpu::Buffer> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (rope.theta.to_bits(), head_dim);
-        if let Some((.., cap, buf)) = tables.iter().find(|t| (t.0, t.1) == key)
+        // The style does not change the table, only which values it rotates.
+        let key = Rope { style: RopeStyle::Halves, ..rope.clone() };
+        if let Some((.., cap, buf)) = tables.iter().find(|t| t.0 == key && t.1 == head_dim)
             && *cap >= capacity
         {
             return Ok(buf.clone());
@@ -501,8 +502,8 @@ impl GpuBackend {
             }
         }
         let buf = self.init_buffer(&data, wgpu::BufferUsages::STORAGE);
-        tables.retain(|t| (t.0, t.1) != key);
-        tables.push((key.0, key.1, capacity, buf.clone()));
+        tables.retain(|t| !(t.0 == key && t.1 == head_dim));
+        tables.push((key, head_dim, capacity, buf.clone()));
         Ok(buf)
     }
 
