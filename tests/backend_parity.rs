@@ -326,6 +326,8 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
         (6, 6, 32, 1e4, RopeStyle::Adjacent, RopeScaling::None),
         (8, 2, 64, 5e5, RopeStyle::Adjacent, llama3),
         (4, 4, 16, 1e6, RopeStyle::Halves, RopeScaling::Linear { factor: 8.0 }),
+        // The first spec's base and head size with scaling: a table cached by base alone fails.
+        (4, 2, 16, 1e4, RopeStyle::Adjacent, RopeScaling::Linear { factor: 4.0 }),
     ];
     for (n_head, n_kv_head, head_dim, theta, style, scaling) in specs {
         let freq_factors = scaling.freq_factors(theta, head_dim).map(Into::into);

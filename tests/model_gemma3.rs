@@ -24,10 +24,7 @@ use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{Backend, WeightDtype};
 use batch_forge::engine::{Engine, GenerateParams};
 use batch_forge::loaders::gguf::GgufFile;
-use batch_forge::loaders::safetensors::SafetensorsFile;
-use batch_forge::model::Stage;
 use batch_forge::tokenizer::{Tokenizer, TokenizerModel};
-use batch_forge::verify::{Reference, verify};
 use common::*;
 use serde_json::Value;
 
@@ -218,44 +215,7 @@ fn generate_prints_hf_continuation() {
 /// past the 3-key window.
 #[test]
 fn tiny_gemma3_folder_matches_hf() {
-    let dir = fixture("tiny-gemma3");
-    let reference = Reference::open(&dir.join("verify.safetensors")).unwrap();
-    let file = SafetensorsFile::open(&dir.join("verify.safetensors")).unwrap();
-    let check = |label: &str, e: &dyn Fn(&Reference) -> batch_forge::verify::Verification| {
-        let v = e(&reference);
-        assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
-        assert_eq!(v.tokens_equal, reference.prompts.len(), "{label}: {:?}", v.token_mismatch);
-        let logits = v.stages.last().unwrap();
-        assert_eq!(logits.stage, Stage::Logits);
-        let (agree, total) = logits.argmax.unwrap();
-        assert_eq!(agree, total, "{label}: argmax");
-    };
-    let tol = batch_forge::verify::tolerance::F32;
-    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
-    let greedy_of = |i: usize| -> Vec<u32> {
-        file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect()
-    };
-    let r = Engine::load(ReferenceBackend, &dir).unwrap();
-    check("reference", &|refr| verify(&r.backend, r.model.as_ref(), refr, tol, |s| r.prompt_ids(s)).unwrap());
-    for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
-        let opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() };
-        let e = Engine::load(CpuBackend::new(opts).unwrap(), &dir).unwrap();
-        check(isa.name(), &|refr| verify(&e.backend, e.model.as_ref(), refr, tol, |s| e.prompt_ids(s)).unwrap());
-        for (i, p) in reference.prompts.iter().enumerate() {
-            assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "{}", isa.name());
-        }
-    }
-    for (i, p) in reference.prompts.iter().enumerate() {
-        assert_eq!(r.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "reference {i}");
-    }
-    #[cfg(feature = "gpu")]
-    if let Some(b) = common::gpu_backend(batch_forge::backend::gpu::GpuOptions::default()) {
-        let e = Engine::load(b, &dir).unwrap();
-        check("gpu", &|refr| verify(&e.backend, e.model.as_ref(), refr, tol, |s| e.prompt_ids(s)).unwrap());
-        for (i, p) in reference.prompts.iter().enumerate() {
-            assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, greedy_of(i), "gpu {i}");
-        }
-    }
+    check_against_hf_on_every_backend(&fixture("tiny-gemma3"), &fixture("tiny-gemma3/verify.safetensors"));
 }
 
 /// `--chat-template FILE` gives a model without a template (Gemma 3's base models, the tiny

@@ -7,13 +7,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, WeightDtype};
-use batch_forge::engine::{Engine, GenerateParams};
-use batch_forge::loaders::safetensors::SafetensorsFile;
-use batch_forge::model::Stage;
-use batch_forge::verify::{Reference, tolerance, verify};
+use batch_forge::engine::Engine;
 use common::*;
 
 /// (model, HF reference): each folder, and each GGUF against HF's run of that GGUF
@@ -29,45 +24,13 @@ fn cases() -> Vec<(PathBuf, PathBuf)> {
     ]
 }
 
-fn check<B: Backend>(label: &str, e: &Engine<B>, reference: &Reference, greedy: &[Vec<u32>]) {
-    let v = verify(&e.backend, e.model.as_ref(), reference, tolerance::F32, |s| e.prompt_ids(s)).unwrap();
-    assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
-    assert_eq!(v.tokens_equal, reference.prompts.len(), "{label}: {:?}", v.token_mismatch);
-    let logits = v.stages.last().unwrap();
-    assert_eq!(logits.stage, Stage::Logits);
-    let (agree, total) = logits.argmax.unwrap();
-    assert_eq!(agree, total, "{label}: argmax");
-    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
-    for (p, want) in reference.prompts.iter().zip(greedy) {
-        let got = e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids;
-        assert_eq!(&got, want, "{label}: greedy ids after {:?}", p.text);
-    }
-}
-
 #[test]
 fn qwen_checkpoints_match_hf_on_every_backend() {
     for (model, reference_path) in cases() {
-        let reference = Reference::open(&reference_path).unwrap();
-        let file = SafetensorsFile::open(&reference_path).unwrap();
-        let greedy: Vec<Vec<u32>> = (0..reference.prompts.len())
-            .map(|i| {
-                file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect()
-            })
-            .collect();
         let name = model.display().to_string();
-        let e = Engine::load(ReferenceBackend, &model).unwrap();
-        let arch = e.model.info().architecture;
+        let arch = Engine::load(ReferenceBackend, &model).unwrap().model.info().architecture;
         assert!(name.contains(arch), "{name}: loaded as {arch}");
-        check(&format!("{name} reference"), &e, &reference, &greedy);
-        for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
-            let opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() };
-            let e = Engine::load(CpuBackend::new(opts).unwrap(), &model).unwrap();
-            check(&format!("{name} cpu {}", isa.name()), &e, &reference, &greedy);
-        }
-        #[cfg(feature = "gpu")]
-        if let Some(b) = common::gpu_backend(batch_forge::backend::gpu::GpuOptions::default()) {
-            check(&format!("{name} gpu"), &Engine::load(b, &model).unwrap(), &reference, &greedy);
-        }
+        check_against_hf_on_every_backend(&model, &reference_path);
     }
 }
 

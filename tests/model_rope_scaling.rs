@@ -8,13 +8,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
-use batch_forge::backend::{Backend, WeightDtype};
 use batch_forge::engine::{Engine, GenerateParams};
-use batch_forge::loaders::safetensors::SafetensorsFile;
-use batch_forge::model::Stage;
-use batch_forge::verify::{Reference, tolerance, verify};
+use batch_forge::verify::Reference;
 use common::*;
 
 /// (model, HF reference): the GGUF is held to the folder's run (transformers' GGUF loader
@@ -28,44 +24,10 @@ fn cases() -> Vec<(PathBuf, PathBuf)> {
     ]
 }
 
-fn greedy_ids(reference_path: &std::path::Path, n: usize) -> Vec<Vec<u32>> {
-    let file = SafetensorsFile::open(reference_path).unwrap();
-    (0..n)
-        .map(|i| file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect())
-        .collect()
-}
-
-fn check<B: Backend>(label: &str, e: &Engine<B>, reference: &Reference, greedy: &[Vec<u32>]) {
-    let v = verify(&e.backend, e.model.as_ref(), reference, tolerance::F32, |s| e.prompt_ids(s)).unwrap();
-    assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
-    assert_eq!(v.tokens_equal, reference.prompts.len(), "{label}: {:?}", v.token_mismatch);
-    let logits = v.stages.last().unwrap();
-    assert_eq!(logits.stage, Stage::Logits);
-    let (agree, total) = logits.argmax.unwrap();
-    assert_eq!(agree, total, "{label}: argmax");
-    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
-    for (p, want) in reference.prompts.iter().zip(greedy) {
-        let got = e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids;
-        assert_eq!(&got, want, "{label}: greedy ids after {:?}", p.text);
-    }
-}
-
 #[test]
 fn scaled_rope_checkpoints_match_hf_on_every_backend() {
     for (model, reference_path) in cases() {
-        let reference = Reference::open(&reference_path).unwrap();
-        let greedy = greedy_ids(&reference_path, reference.prompts.len());
-        let name = model.display().to_string();
-        check(&format!("{name} reference"), &Engine::load(ReferenceBackend, &model).unwrap(), &reference, &greedy);
-        for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
-            let opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() };
-            let e = Engine::load(CpuBackend::new(opts).unwrap(), &model).unwrap();
-            check(&format!("{name} cpu {}", isa.name()), &e, &reference, &greedy);
-        }
-        #[cfg(feature = "gpu")]
-        if let Some(b) = common::gpu_backend(batch_forge::backend::gpu::GpuOptions::default()) {
-            check(&format!("{name} gpu"), &Engine::load(b, &model).unwrap(), &reference, &greedy);
-        }
+        check_against_hf_on_every_backend(&model, &reference_path);
     }
 }
 
@@ -85,7 +47,7 @@ fn the_same_weights_without_scaling_disagree_with_hf() {
         std::fs::write(&config_path, config.to_string()).unwrap();
         let reference_path = fixture(&format!("{name}/verify.safetensors"));
         let reference = Reference::open(&reference_path).unwrap();
-        let greedy = greedy_ids(&reference_path, reference.prompts.len());
+        let greedy = reference_greedy_ids(&reference_path, reference.prompts.len());
         let e = Engine::load(ReferenceBackend, &dir).unwrap();
         let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
         let differ = reference
@@ -110,7 +72,8 @@ fn unsupported_rope_scaling_is_refused_by_name() {
             "high_freq_factor",
         ),
         (serde_json::json!({"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}), "low_freq_factor"),
-        (serde_json::json!({"rope_type": "linear", "factor": -2.0, "rope_theta": 1e4}), "factor"),
+        (serde_json::json!({"rope_type": "linear", "factor": -2.0, "rope_theta": 1e4}), "factor = -2"),
+        (serde_json::json!("linear"), "not an object"),
     ] {
         let (_tmp, dir) = fixture_copy("tiny-llama3");
         let config_path = dir.join("config.json");
@@ -190,4 +153,34 @@ fn linear_scaling_round_trips_through_gguf() {
     std::fs::write(&config_path, config.to_string()).unwrap();
     let d = max_diff(&score(&dir), &folder);
     assert!(d > 1e-2, "unscaled: log-probabilities within {d} of the scaled ones");
+}
+
+/// A GGUF's scaling metadata reads as llama.cpp reads it: the type defaults to `linear`, the
+/// factor may be the older `rope.scale_linear`, a factor of 0 means none; other types and
+/// negative factors are refused by name.
+#[test]
+fn gguf_scaling_metadata_reads_as_llama_cpp_reads_it() {
+    use batch_forge::backend::RopeScaling;
+    use batch_forge::loaders::gguf::{GgufFile, MetaValue};
+    use batch_forge::loaders::gguf_write::{GgufPlan, GgufWriter};
+    use batch_forge::loaders::llama_config::rope_scaling_of_gguf;
+    let read = |keys: &[(&str, MetaValue)]| {
+        let mut plan = GgufPlan::default();
+        plan.set("general.architecture", MetaValue::String("llama".into()));
+        for (k, v) in keys {
+            plan.set(k, v.clone());
+        }
+        let bytes = GgufWriter::new(Vec::new(), plan).unwrap().finish().unwrap();
+        rope_scaling_of_gguf(&GgufFile::from_bytes("t.gguf", bytes).unwrap(), "llama")
+    };
+    let (ty, factor) = ("llama.rope.scaling.type", "llama.rope.scaling.factor");
+    let s = |t: &str| MetaValue::String(t.into());
+    assert_eq!(read(&[]), Ok(RopeScaling::None));
+    assert_eq!(read(&[(ty, s("linear")), (factor, MetaValue::F32(4.0))]), Ok(RopeScaling::Linear { factor: 4.0 }));
+    assert_eq!(read(&[(factor, MetaValue::F32(4.0))]), Ok(RopeScaling::Linear { factor: 4.0 }));
+    assert_eq!(read(&[("llama.rope.scale_linear", MetaValue::F32(2.0))]), Ok(RopeScaling::Linear { factor: 2.0 }));
+    assert_eq!(read(&[(ty, s("linear")), (factor, MetaValue::F32(0.0))]), Ok(RopeScaling::None));
+    assert_eq!(read(&[(ty, s("none")), (factor, MetaValue::F32(4.0))]), Ok(RopeScaling::None));
+    assert!(read(&[(ty, s("yarn")), (factor, MetaValue::F32(4.0))]).unwrap_err().contains("\"yarn\""));
+    assert!(read(&[(factor, MetaValue::F32(-1.0))]).unwrap_err().contains("rope.scaling.factor"));
 }

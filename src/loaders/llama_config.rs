@@ -68,6 +68,9 @@ pub fn rope_scaling_of_hf(v: &serde_json::Value) -> Result<RopeScaling, String> 
     if v.is_null() {
         return Ok(RopeScaling::None);
     }
+    if !v.is_object() {
+        return Err(format!("RoPE scaling {v} is not an object"));
+    }
     let ty = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
     let num = |k: &str| -> Result<f32, String> {
         let x =
@@ -102,24 +105,33 @@ pub fn rope_scaling_of_hf(v: &serde_json::Value) -> Result<RopeScaling, String> 
     }
 }
 
-/// A GGUF's `{arch}.rope.scaling.type` and `.factor`: none or `linear` (llama.cpp's
-/// converter writes Llama 3's scaling as the `rope_freqs.weight` tensor instead).
+/// A GGUF's `{arch}.rope.scaling.type` and `.factor` (or the older `{arch}.rope.scale_linear`),
+/// read as llama.cpp reads them: the type defaults to `linear`, a factor of 0 or none means
+/// no scaling. llama.cpp's converter writes Llama 3's scaling as the `rope_freqs.weight`
+/// tensor instead, which the model reads.
 pub fn rope_scaling_of_gguf(f: &GgufFile, arch: &str) -> Result<RopeScaling, String> {
     let ty = match f.get(&format!("{arch}.rope.scaling.type")) {
-        None => return Ok(RopeScaling::None),
+        None => "linear",
         Some(v) => v.as_str().ok_or_else(|| format!("metadata {arch}.rope.scaling.type is not a string"))?,
+    };
+    let factor = |key: &str| -> Result<Option<f64>, String> {
+        let full = format!("{arch}.{key}");
+        match f.get(&full) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite() && *x >= 0.0 && *x < 1e9)
+                .map(Some)
+                .ok_or_else(|| format!("metadata {full} is not a non-negative number")),
+        }
     };
     match ty {
         "none" => Ok(RopeScaling::None),
-        "linear" => {
-            let full = format!("{arch}.rope.scaling.factor");
-            let factor = f
-                .get(&full)
-                .and_then(|v| v.as_f64())
-                .filter(|x| x.is_finite() && *x > 0.0 && *x < 1e9)
-                .ok_or_else(|| format!("metadata {full} is missing or not a positive number"))?;
-            Ok(if factor == 1.0 { RopeScaling::None } else { RopeScaling::Linear { factor: factor as f32 } })
-        }
+        "linear" => match factor("rope.scaling.factor")?.or(factor("rope.scale_linear")?) {
+            None => Ok(RopeScaling::None),
+            Some(x) if x == 0.0 || x == 1.0 => Ok(RopeScaling::None),
+            Some(x) => Ok(RopeScaling::Linear { factor: x as f32 }),
+        },
         other => Err(format!("{arch}.rope.scaling.type {other:?} is not supported (supported: none, linear)")),
     }
 }

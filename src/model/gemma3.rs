@@ -150,20 +150,24 @@ impl Gemma3Config {
         };
         if let Some(params) = &raw.rope_parameters {
             for (kind, p) in params {
-                let scaling = rope_scaling_of_hf(p).map_err(|e| format!("{kind}: {e}"))?;
                 let t = p.get("rope_theta").and_then(|t| t.as_f64()).map(|t| t as f32);
+                let scaling = || rope_scaling_of_hf(p).map_err(|e| format!("{kind}: {e}"));
                 match kind.as_str() {
                     "full_attention" => {
                         theta = t.unwrap_or(theta);
-                        rope_scaling = scaling;
+                        rope_scaling = scaling()?;
                     }
                     "sliding_attention" => {
                         local_theta = t.unwrap_or(local_theta);
-                        if scaling != RopeScaling::None {
+                        if scaling()? != RopeScaling::None {
                             return Err("RoPE scaling of the sliding-window blocks is not supported".into());
                         }
                     }
-                    _ => {}
+                    other => {
+                        return Err(format!(
+                            "rope_parameters key {other:?} is not an attention kind (full_attention, sliding_attention)"
+                        ));
+                    }
                 }
             }
         }
@@ -570,5 +574,9 @@ mod tests {
             r#"{{"model_type": "gemma3_text", {base}, "rope_parameters": {{"sliding_attention": {{"rope_type": "linear", "factor": 2.0}}}}}}"#
         );
         assert!(Gemma3Config::from_hf_json(&local).unwrap_err().contains("sliding-window blocks"));
+        let flat = format!(
+            r#"{{"model_type": "gemma3_text", {base}, "rope_parameters": {{"rope_type": "default", "rope_theta": 1e6}}}}"#
+        );
+        assert!(Gemma3Config::from_hf_json(&flat).unwrap_err().contains("not an attention kind"));
     }
 }

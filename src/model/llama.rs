@@ -107,8 +107,10 @@ impl<B: Backend> Llama<B> {
                     "rope_freqs.weight has {} values, not one per rotated pair ({half})",
                     stored.len()
                 );
-                let linear = rope_scaling.as_ref().map_or(vec![1.0; half], |l| l.clone());
-                Some(stored.iter().zip(&linear).map(|(a, b)| a * b).collect::<Vec<f32>>())
+                Some(match &rope_scaling {
+                    Some(linear) => stored.iter().zip(linear).map(|(a, b)| a * b).collect(),
+                    None => stored,
+                })
             }
             None => rope_scaling,
         };

@@ -371,3 +371,59 @@ pub fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     }
     (tmp, dir)
 }
+
+/// The greedy ids `scripts/hf_reference.py --greedy N` stored for each prompt of an HF
+/// reference (`p{i}.greedy_ids`).
+pub fn reference_greedy_ids(reference_path: &std::path::Path, n_prompts: usize) -> Vec<Vec<u32>> {
+    let file = SafetensorsFile::open(reference_path).unwrap();
+    (0..n_prompts)
+        .map(|i| file.get(&format!("p{i}.greedy_ids")).unwrap().to_i64().unwrap().iter().map(|&x| x as u32).collect())
+        .collect()
+}
+
+/// A model against an HF reference: every stage within the f32 bound, the prompts'
+/// tokens and the logits' argmax equal, and 16 greedy ids (EOS ignored) equal to HF's.
+pub fn check_against_hf<B: Backend>(
+    label: &str,
+    e: &Engine<B>,
+    reference: &batch_forge::verify::Reference,
+    greedy: &[Vec<u32>],
+) {
+    use batch_forge::verify::{tolerance, verify};
+    let v = verify(&e.backend, e.model.as_ref(), reference, tolerance::F32, |s| e.prompt_ids(s)).unwrap();
+    assert!(v.first_failure().is_none(), "{label}: {:?}", v.first_failure());
+    assert_eq!(v.tokens_equal, reference.prompts.len(), "{label}: {:?}", v.token_mismatch);
+    let logits = v.stages.last().unwrap();
+    assert_eq!(logits.stage, batch_forge::model::Stage::Logits);
+    let (agree, total) = logits.argmax.unwrap();
+    assert_eq!(agree, total, "{label}: argmax");
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(16) };
+    for (p, want) in reference.prompts.iter().zip(greedy) {
+        let got = e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids;
+        assert_eq!(&got, want, "{label}: greedy ids after {:?}", p.text);
+    }
+}
+
+/// [`check_against_hf`] on the reference backend, the cpu backend at every ISA level (f32
+/// weights) and the gpu backend where there is one, for a model (folder or GGUF) and the
+/// HF reference it is held to.
+pub fn check_against_hf_on_every_backend(model: &std::path::Path, reference_path: &std::path::Path) {
+    let reference = batch_forge::verify::Reference::open(reference_path).unwrap();
+    let greedy = reference_greedy_ids(reference_path, reference.prompts.len());
+    let name = model.display();
+    check_against_hf(
+        &format!("{name} reference"),
+        &Engine::load(ReferenceBackend, model).unwrap(),
+        &reference,
+        &greedy,
+    );
+    for isa in batch_forge::backend::cpu::simd::isas_or_skip() {
+        let opts = CpuOptions { weight_dtype: Some(WeightDtype::F32), isa, ..CpuOptions::default() };
+        let e = Engine::load(CpuBackend::new(opts).unwrap(), model).unwrap();
+        check_against_hf(&format!("{name} cpu {}", isa.name()), &e, &reference, &greedy);
+    }
+    #[cfg(feature = "gpu")]
+    if let Some(b) = gpu_backend(batch_forge::backend::gpu::GpuOptions::default()) {
+        check_against_hf(&format!("{name} gpu"), &Engine::load(b, model).unwrap(), &reference, &greedy);
+    }
+}

@@ -102,7 +102,7 @@ pub struct GpuBackend {
     params_buf: wgpu::Buffer,
     param_slot: u64,
     dummy: wgpu::Buffer,
-    /// RoPE cos/sin tables by (θ bits, head_dim): the largest capacity built so far.
+    /// RoPE cos/sin tables by (RoPE without its style, head_dim): the largest capacity built so far.
     rope_tables: Mutex<Vec<(Rope, usize, usize, wgpu::Buffer)>>,
     /// Kernels for block-quantized weights, compiled per format on first use.
     quant_kernels: Mutex<HashMap<GgmlType, Arc<QuantKernels>>>,
@@ -475,8 +475,8 @@ impl GpuBackend {
     }
 
     /// The RoPE table for `rope` and `head_dim` covering positions `0..capacity`:
-    /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, frequency factors, head_dim)
-    /// and rebuilt only for a larger capacity.
+    /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, frequency
+    /// factors, head_dim) and rebuilt only for a larger capacity.
     fn rope_table(&self, rope: &Rope, head_dim: usize, capacity: usize) -> anyhow::Result<wgpu::Buffer> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
         // The style does not change the table, only which values it rotates.
