@@ -51,10 +51,13 @@ pub fn tokenizer_json(data: &[u8]) {
     let Ok(json) = std::str::from_utf8(&data[..split]) else { return };
     let text = String::from_utf8_lossy(data.get(split + 1..).unwrap_or_default());
     let Ok(tok) = Tokenizer::parse_tokenizer_json(Path::new("tokenizer.json"), json) else { return };
-    let ids = tok.encode(&text);
-    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
-    let ids = tok.encode_ordinary(&text);
-    assert_eq!(tok.decode_bytes(&ids).expect("encoded ids decode"), text.as_bytes());
+    for ids in [tok.encode(&text), tok.encode_ordinary(&text)] {
+        let bytes = tok.decode_bytes(&ids).expect("encoded ids decode");
+        if tok.round_trips() {
+            assert_eq!(bytes, text.as_bytes());
+        }
+        tok.decode(&ids).expect("encoded ids decode");
+    }
 }
 
 /// Any `vocab.json` + `merges.txt` pair, then any text: as for `tokenizer_json`.

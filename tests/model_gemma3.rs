@@ -280,3 +280,50 @@ fn perplexity_near_llama_cpp() {
     assert!((ppl / theirs - 1.0).abs() < 1e-2, "forge {ppl} vs llama.cpp {theirs}");
     assert_eq!(stdout.matches(',').count(), want["windows"].as_u64().unwrap() as usize, "{stdout}");
 }
+
+/// HF's own `tokenizer.json` for the model (transformers' GGUF conversion,
+/// `scripts/hf_tokenizer_from_gguf.py`; .ci/run writes it): character-level BPE with
+/// byte fallback, the `Replace(" ", "▁")` normalizer and a `Split(" ")` pre-tokenizer.
+fn gemma3_hf_tokenizer_json() -> Option<PathBuf> {
+    match std::env::var_os("BATCH_FORGE_GEMMA3_HF_TOKENIZER").map(PathBuf::from) {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            let msg = "Gemma 3's HF tokenizer.json not found: set BATCH_FORGE_GEMMA3_HF_TOKENIZER to the file \
+                       scripts/hf_tokenizer_from_gguf.py writes from the GGUF (.ci/run does this)";
+            assert!(!in_ci(), "{msg}");
+            eprintln!("SKIP: {msg}");
+            None
+        }
+    }
+}
+
+/// Loaded from HF's `tokenizer.json` (not the GGUF), the tokenizer gives HF's ids on all
+/// 802 texts, long space runs included (there HF's merge ranks and llama.cpp's scores
+/// disagree, and this follows the ranks), and decodes them back to the text.
+#[test]
+fn hf_tokenizer_json_equals_hf() {
+    let Some(path) = gemma3_hf_tokenizer_json() else { return };
+    let tok = Tokenizer::from_tokenizer_json(&path).unwrap();
+    assert_eq!(tok.model(), TokenizerModel::SentencePiece);
+    assert_eq!(tok.vocab_size(), 262_144);
+    assert_eq!(tok.bos_to_add(), Some(2));
+    let cases: Vec<Value> = std::fs::read_to_string(fixture("gemma3/tokenizer.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cases.len(), 802);
+    let mut space_runs = 0;
+    for case in &cases {
+        let text = case["text"].as_str().unwrap();
+        let mut got = vec![2];
+        got.extend(tok.encode(text));
+        assert_eq!(got, ids(&case["hf"]), "{text:?}");
+        assert_eq!(tok.decode(&got[1..]).unwrap(), text, "{text:?}");
+        space_runs += usize::from(long_space_run(text) && got != ids(&case["llama_cpp"]));
+    }
+    assert!(space_runs > 0, "no text where merge ranks and scores disagree");
+    assert_eq!(tok.encode_ordinary("\n\n<h1>"), [108, tok.special_id("<h1>").unwrap()]);
+    assert_eq!(tok.encode("<start_of_turn>"), [105]);
+    assert_ne!(tok.encode_ordinary("<start_of_turn>"), [105]);
+}

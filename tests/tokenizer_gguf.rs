@@ -205,8 +205,16 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         m
     };
     let without = |key: &str| tiny_meta().into_iter().filter(|(k, _)| *k != key).collect::<Vec<_>>();
-    // llama.cpp's names for Llama 3's and Qwen 2's patterns select them.
-    for (name, want) in [("llama-bpe", PreTokenizer::Llama3), ("qwen2", PreTokenizer::Qwen2)] {
+    // llama.cpp's names for Llama 3's, Qwen 2's, GPT-4o's and Tekken's patterns select them.
+    for (name, want) in [
+        ("llama-bpe", PreTokenizer::Llama3),
+        ("pixtral", PreTokenizer::Llama3),
+        ("qwen2", PreTokenizer::Qwen2),
+        ("megrez", PreTokenizer::Qwen2),
+        ("gpt-4o", PreTokenizer::Gpt4o),
+        ("llama4", PreTokenizer::Gpt4o),
+        ("tekken", PreTokenizer::Tekken),
+    ] {
         assert_eq!(load(&with("tokenizer.ggml.pre", Meta::Str(name.into()))).unwrap().pre_tokenizer(), want);
     }
     for (meta, want) in [
@@ -214,8 +222,8 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         // SentencePiece needs scores and token types.
         (with("tokenizer.ggml.model", Meta::Str("llama".into())), "no tokenizer.ggml.scores"),
         (
-            with("tokenizer.ggml.pre", Meta::Str("gpt-4o".into())),
-            "\"gpt-4o\" is not supported (supported: \"gpt-2\", \"smollm\", \"llama-bpe\"",
+            with("tokenizer.ggml.pre", Meta::Str("deepseek-llm".into())),
+            "\"deepseek-llm\" is not supported (supported: \"gpt-2\", \"smollm\", \"llama-bpe\"",
         ),
         (with("tokenizer.ggml.pre", Meta::U32(3)), "tokenizer.ggml.pre is not a string"),
         (with("tokenizer.ggml.tokens", Meta::I32s(vec![1, 2])), "token 0 is not a string"),

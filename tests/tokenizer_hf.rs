@@ -85,6 +85,27 @@ fn malformed_tokenizer_files_give_errors() {
             r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"pre_tokenizer":{"type":"ByteLevel"}}"#,
             "lacks the single byte",
         ),
+        (r#"{"model":{"type":"BPE","vocab":{},"merges":[],"dropout":0.1}}"#, "model.dropout = 0.1 is not supported"),
+        (r#"{"model":{"type":"BPE","vocab":{},"merges":[]},"normalizer":{"type":"NFKC"}}"#, "normalizer"),
+        (
+            r#"{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"Split","pattern":{"Regex":"x+"},"behavior":"Isolated"}}"#,
+            "Split with pattern",
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{},"merges":[]},"pre_tokenizer":{"type":"Metaspace","replacement":"ab"}}"#,
+            "Metaspace with replacement \"ab\" is not supported",
+        ),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[],"unk_token":"<unk>"}}"#,
+            "unk_token \"<unk>\" is not in",
+        ),
+        (r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"decoder":{"type":"WordPiece"}}"#, "decoder step"),
+        (
+            r#"{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"normalizer":{"type":"NFC"},
+                "added_tokens":[{"id":1,"content":"<s>","special":true,"normalized":true}]}"#,
+            "matched after normalization",
+        ),
+        (r#"{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"]}}"#, "merge token \"ab\" is not in"),
     ] {
         std::fs::write(&p, content).unwrap();
         let e = Tokenizer::from_tokenizer_json(&p).err().unwrap().to_string();
@@ -131,4 +152,120 @@ fn llama3_and_qwen2_pre_tokenizers_equal_hf() {
         let err = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).err().unwrap();
         assert!(err.to_string().contains("is not supported"), "{err}");
     }
+}
+
+fn jsonl(name: &str) -> Vec<Value> {
+    std::fs::read_to_string(fixture(name)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// SentencePiece-style `tokenizer.json` pipelines (character-level BPE with byte fallback
+/// and `fuse_unk`: Llama 2's Prepend + Replace, Metaspace first and always-with-split,
+/// Gemma's Replace + Split, NFC + Split on `▁` with each of HF's five behaviours) and
+/// Qwen 2's byte-level one with its NFC normalizer give HF tokenizers' ids on 446 texts,
+/// and decode as HF decodes (tests/fixtures/spm-json, scripts/make_spm_json_fixture.py).
+#[test]
+fn sentencepiece_style_and_nfc_pipelines_equal_hf() {
+    use batch_forge::tokenizer::TokenizerModel;
+    let read =
+        |name: &str| -> Value { serde_json::from_str(&std::fs::read_to_string(fixture(name)).unwrap()).unwrap() };
+    let (spm, tiny_llama) = (read("spm-json/tokenizer.json"), read("tiny-llama/tokenizer.json"));
+    let pipelines = read("spm-json/pipelines.json");
+    let rows = jsonl("spm-json/cases.jsonl");
+    assert_eq!(rows.len(), 446);
+    assert_eq!(pipelines.as_object().unwrap().len(), 10);
+    for (name, p) in pipelines.as_object().unwrap() {
+        let mut root = if p["base"] == "tiny-llama" { tiny_llama.clone() } else { spm.clone() };
+        for k in ["normalizer", "pre_tokenizer", "decoder"] {
+            root[k] = p[k].clone();
+        }
+        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+        let byte_level = p["base"] == "tiny-llama";
+        let want_model = if byte_level { TokenizerModel::ByteLevelBpe } else { TokenizerModel::SentencePiece };
+        assert_eq!(tok.model(), want_model, "{name}");
+        let (mut checked, mut decoded) = (0, 0);
+        for row in &rows {
+            let Some(want) = row.get(name.as_str()) else { continue };
+            let text = row["text"].as_str().unwrap();
+            let got = tok.encode(text);
+            assert_eq!(got, ids(want), "{name}: {text:?}");
+            checked += 1;
+            if !byte_level && !name.starts_with("nfc") {
+                let want_text = row["decoded"].get(name.as_str()).and_then(Value::as_str).unwrap_or(text);
+                assert_eq!(tok.decode(&got).unwrap(), want_text, "{name} decode: {text:?}");
+                decoded += 1;
+            }
+        }
+        assert!(checked >= 260, "{name}: {checked} texts");
+        assert!(byte_level || name.starts_with("nfc") || decoded == rows.len(), "{name}");
+        if !byte_level {
+            assert_eq!(tok.bos_to_add(), Some(1), "{name}");
+        }
+    }
+    // The fixture tells the pipelines apart, and exercises NFC, byte fallback and `<unk>`.
+    let differ =
+        |a: &str, b: &str| rows.iter().filter(|r| r.get(a).is_some() && r.get(b).is_some() && r[a] != r[b]).count();
+    for (a, b) in [
+        ("llama2", "metaspace_first"),
+        ("metaspace_first", "metaspace_always"),
+        ("llama2", "gemma"),
+        ("nfc_split_isolated", "nfc_split_contiguous"),
+        ("nfc_split_merged_with_previous", "nfc_split_merged_with_next"),
+        ("nfc_split_removed", "nfc_split_isolated"),
+    ] {
+        assert!(differ(a, b) > 0, "{a} and {b} give the same ids on every text");
+    }
+    let has = |name: &str, id: u32| {
+        rows.iter().filter(|r| r[name].as_array().is_some_and(|a| a.contains(&id.into()))).count()
+    };
+    assert!(has("llama2", 0) > 1, "no <unk>");
+    assert!(has("llama2", 3 + 0xE3) > 1, "no byte fallback");
+    let nfc = rows.iter().find(|r| r["text"].as_str().unwrap().starts_with("e\u{301}t")).unwrap();
+    let mut no_nfc = spm.clone();
+    no_nfc["normalizer"] = serde_json::json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+    no_nfc["pre_tokenizer"] = pipelines["nfc_split_isolated"]["pre_tokenizer"].clone();
+    let no_nfc = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &no_nfc.to_string()).unwrap();
+    assert_ne!(no_nfc.encode(nfc["text"].as_str().unwrap()), ids(&nfc["nfc_split_isolated"]), "NFC changes nothing");
+}
+
+/// GPT-4o's and Tekken's pre-tokenizer patterns (words split where lower case turns to
+/// upper, marks and modifier letters in both cases) split 707 texts as HF tokenizers'
+/// `Split(Regex, "isolated")` does, and a byte-level `tokenizer.json` with either pipeline
+/// loads as that pre-tokenizer and gives HF's ids (tests/fixtures/pretokenizers-case-split.jsonl,
+/// scripts/make_case_split_fixture.py, which checks the patterns against transformers').
+#[test]
+fn gpt4o_and_tekken_pre_tokenizers_equal_hf() {
+    use batch_forge::tokenizer::{GPT4O_PATTERN, PreTokenizer, TEKKEN_PATTERN, gpt4o_pieces};
+    let rows = jsonl("pretokenizers-case-split.jsonl");
+    assert_eq!(rows.len(), 707);
+    let json = std::fs::read_to_string(fixture("tiny-llama/tokenizer.json")).unwrap();
+    for (name, tekken, pattern, want_pre) in
+        [("gpt4o", false, GPT4O_PATTERN, PreTokenizer::Gpt4o), ("tekken", true, TEKKEN_PATTERN, PreTokenizer::Tekken)]
+    {
+        let mut root: Value = serde_json::from_str(&json).unwrap();
+        root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+        assert_eq!(tok.pre_tokenizer(), want_pre);
+        let (mut with_ids, mut case_splits) = (0, 0);
+        for row in &rows {
+            let text = row["text"].as_str().unwrap();
+            let want: Vec<&str> = row[name].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+            let got: Vec<&str> = gpt4o_pieces(text, tekken).collect();
+            assert_eq!(got, want, "{name}: {text:?}");
+            if let Some(want_ids) = row.get(format!("{name}_ids")) {
+                assert_eq!(tok.encode(text), ids(want_ids), "{name}: {text:?}");
+                with_ids += 1;
+            }
+            // Pieces that begin with an upper-case letter right after a lower-case one.
+            case_splits += usize::from(want.windows(2).any(|w| {
+                w[0].chars().last().is_some_and(char::is_lowercase)
+                    && w[1].chars().next().is_some_and(char::is_uppercase)
+            }));
+        }
+        assert!(with_ids > 400, "{name}: {with_ids} texts with ids");
+        assert!(case_splits > 3, "{name}: {case_splits} texts split at a case change");
+    }
+    assert_eq!(gpt4o_pieces("helloWorld DON'T", false).collect::<Vec<_>>(), ["hello", "World", " DON'T"]);
+    assert_eq!(gpt4o_pieces("helloWorld DON'T", true).collect::<Vec<_>>(), ["hello", "World", " DON", "'T"]);
 }

@@ -12,11 +12,14 @@
 //! as HF and llama.cpp do.
 
 mod byte_level;
+mod hf_json;
 mod pretokenize;
 mod spm;
 mod stream;
 
-pub use pretokenize::{LLAMA3_PATTERN, QWEN2_PATTERN, llama3_pieces, pre_tokenize};
+pub use pretokenize::{
+    GPT4O_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, TEKKEN_PATTERN, gpt4o_pieces, llama3_pieces, pre_tokenize,
+};
 pub use stream::StreamDecoder;
 
 use std::cmp::Reverse;
@@ -55,19 +58,41 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen 2's: Llama 3's with every digit alone ([`QWEN2_PATTERN`]); llama.cpp's `qwen2`.
     Qwen2,
+    /// GPT-4o's ([`GPT4O_PATTERN`]: words split where lower case turns to upper, with
+    /// their contractions; numbers in threes); llama.cpp's `gpt-4o`, `llama4`.
+    Gpt4o,
+    /// Mistral's Tekken ([`TEKKEN_PATTERN`]: GPT-4o's without contractions, every digit
+    /// alone); llama.cpp's `tekken`.
+    Tekken,
 }
 
 impl PreTokenizer {
     /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs.
-    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 8] = [
+    /// Names llama.cpp gives the same pattern (and the same BOS and merge settings) are
+    /// all here.
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 22] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("smollm", PreTokenizer::SmolLm),
         ("llama-bpe", PreTokenizer::Llama3),
         ("llama3", PreTokenizer::Llama3),
         ("llama-v3", PreTokenizer::Llama3),
         ("falcon3", PreTokenizer::Llama3),
+        ("falcon-h1", PreTokenizer::Llama3),
+        ("pixtral", PreTokenizer::Llama3),
+        ("midm-2.0", PreTokenizer::Llama3),
+        ("lfm2", PreTokenizer::Llama3),
+        ("jina-v5-nano", PreTokenizer::Llama3),
         ("qwen2", PreTokenizer::Qwen2),
         ("deepseek-r1-qwen", PreTokenizer::Qwen2),
+        ("kormo", PreTokenizer::Qwen2),
+        ("f2llmv2", PreTokenizer::Qwen2),
+        ("megrez", PreTokenizer::Qwen2),
+        ("gpt-4o", PreTokenizer::Gpt4o),
+        ("llama4", PreTokenizer::Gpt4o),
+        ("kanana2", PreTokenizer::Gpt4o),
+        ("talkie", PreTokenizer::Gpt4o),
+        ("minimax-m2", PreTokenizer::Gpt4o),
+        ("tekken", PreTokenizer::Tekken),
     ];
 
     /// The name llama.cpp's converter writes for this pre-tokenizer.
@@ -77,6 +102,8 @@ impl PreTokenizer {
             PreTokenizer::SmolLm => "smollm",
             PreTokenizer::Llama3 => "llama-bpe",
             PreTokenizer::Qwen2 => "qwen2",
+            PreTokenizer::Gpt4o => "gpt-4o",
+            PreTokenizer::Tekken => "tekken",
         }
     }
 
@@ -105,8 +132,15 @@ pub enum TokenizerModel {
 
 pub struct Tokenizer {
     pre: PreTokenizer,
-    /// Set for SentencePiece vocabularies; byte-level BPE otherwise.
+    /// Set for SentencePiece vocabularies from GGUF; byte-level BPE otherwise.
     spm: Option<spm::Spm>,
+    /// Set for character-level BPE from `tokenizer.json` (SentencePiece conversions);
+    /// its merges are `merges`.
+    char_bpe: Option<hf_json::CharBpe>,
+    /// `tokenizer.json`'s normalizer steps, run on each segment between special tokens.
+    normalizers: Vec<hf_json::Normalizer>,
+    /// Leading spaces [`Tokenizer::decode`] drops (the decoder's `Strip`, `Metaspace`).
+    strip_leading: usize,
     /// BOS and EOS ids that encoders of whole texts put first and last (GGUF
     /// `add_bos_token`, `add_eos_token`).
     add_bos: Option<u32>,
@@ -127,6 +161,14 @@ pub struct Tokenizer {
     cache: Mutex<HashMap<Vec<u8>, Vec<u32>>>,
 }
 
+/// Bytes a byte-level vocabulary may go without: ASCII control bytes and lead bytes of
+/// UTF-8 beyond plane 1 or never valid (SmolLM2's GGUF lacks 21 such, and so does the
+/// `tokenizer.json` transformers makes of it); text loses those bytes, as in HF and
+/// llama.cpp. Printable ASCII, continuation bytes and common lead bytes must be there.
+fn may_lack_byte(b: u8) -> bool {
+    b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1
+}
+
 /// The BOS id an HF `tokenizer.json` post-processor puts before a single text: a
 /// `TemplateProcessing` (alone or in a `Sequence`, as Llama 3's) whose `single` template
 /// starts with a special token, e.g. `<|begin_of_text|>`.
@@ -145,7 +187,8 @@ fn bos_of_post_processor(post: &Value) -> Option<u32> {
 
 /// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
 /// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
-/// Llama 3's and Qwen 2's `Split` (their pattern, isolated) + `ByteLevel` without a pattern.
+/// Llama 3's, Qwen 2's, GPT-4o's and Tekken's `Split` (their pattern, isolated) +
+/// `ByteLevel` without a pattern.
 pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
     let byte_level = |v: &Value, use_regex: bool| {
         v["type"] == "ByteLevel"
@@ -171,6 +214,8 @@ pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
             match split["pattern"]["Regex"].as_str()? {
                 LLAMA3_PATTERN => Some(PreTokenizer::Llama3),
                 QWEN2_PATTERN => Some(PreTokenizer::Qwen2),
+                GPT4O_PATTERN => Some(PreTokenizer::Gpt4o),
+                TEKKEN_PATTERN => Some(PreTokenizer::Tekken),
                 _ => None,
             }
         }
@@ -200,7 +245,9 @@ impl Tokenizer {
         Err(format_err(dir, "no tokenizer.json, and no vocab.json + merges.txt"))
     }
 
-    /// Load HF `tokenizer.json` (byte-level BPE only).
+    /// Load HF `tokenizer.json`: byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen 2), or
+    /// character-level BPE with byte fallback (SentencePiece conversions: Gemma, Llama 2,
+    /// Mistral), with the normalizers, pre-tokenizers and decoders [`hf_json`] runs.
     pub fn from_tokenizer_json(path: &Path) -> Result<Self> {
         Self::parse_tokenizer_json(path, &read(path)?)
     }
@@ -212,23 +259,12 @@ impl Tokenizer {
         if model["type"].as_str() != Some("BPE") {
             return Err(format_err(path, format!("model type {} is not supported (only BPE)", model["type"])));
         }
-        let pre_tokenizer = pre_tokenizer_of_json(&root["pre_tokenizer"]).ok_or_else(|| {
-            format_err(
-                path,
-                format!(
-                    "pre_tokenizer {} is not supported (supported: ByteLevel with GPT-2's pattern; \
-                     Digits(individual_digits) then ByteLevel (SmolLM2); Split with Llama 3's or Qwen 2's \
-                     pattern then ByteLevel without its pattern)",
-                    root["pre_tokenizer"]
-                ),
-            )
-        })?;
-        if !root["normalizer"].is_null() {
-            return Err(format_err(
-                path,
-                format!("normalizer {} is not supported (byte-level tokenizers without one only)", root["normalizer"]),
-            ));
+        for key in ["dropout", "continuing_subword_prefix", "end_of_word_suffix"] {
+            if !model[key].is_null() && model[key] != "" {
+                return Err(format_err(path, format!("model.{key} = {} is not supported", model[key])));
+            }
         }
+        let normalizers = hf_json::normalizers_of_json(&root["normalizer"]).map_err(|e| format_err(path, e))?;
         let vocab = model["vocab"].as_object().ok_or_else(|| format_err(path, "model.vocab is not an object"))?;
         let vocab: Vec<(String, u32)> = vocab
             .iter()
@@ -254,14 +290,127 @@ impl Tokenizer {
         for t in root["added_tokens"].as_array().into_iter().flatten() {
             if let (Some(content), Some(id)) = (t["content"].as_str(), t["id"].as_u64()) {
                 let id = u32::try_from(id).map_err(|_| format_err(path, "added token id is not a u32"))?;
+                // HF matches a `normalized` added token in the normalized text, under its
+                // normalized spelling; without a normalizer that is the raw text.
+                if t["normalized"].as_bool() == Some(true) && !normalizers.is_empty() {
+                    return Err(format_err(
+                        path,
+                        format!("added token {content:?} is matched after normalization, which is not supported"),
+                    ));
+                }
                 let always = t["special"].as_bool() == Some(false);
                 specials.push(Special { text: content.to_owned(), id, always });
             }
         }
-        let mut tok = Self::build(path, vocab, merges, specials, |_| false)?;
-        tok.pre = pre_tokenizer;
+        let mut tok = match pre_tokenizer_of_json(&root["pre_tokenizer"]) {
+            Some(pre) => {
+                let mut tok = Self::build(path, vocab, merges, specials, may_lack_byte)?;
+                tok.pre = pre;
+                tok
+            }
+            None => {
+                let steps = hf_json::pre_steps_of_json(&root["pre_tokenizer"]).map_err(|e| {
+                    format_err(
+                        path,
+                        format!(
+                            "{e} (supported pre-tokenizers: ByteLevel with GPT-2's pattern; Digits(individual_digits) \
+                             then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, GPT-4o's or Tekken's pattern then ByteLevel \
+                             without its pattern; for character-level vocabularies none, Metaspace, Split on a \
+                             string, or a Sequence of them)"
+                        ),
+                    )
+                })?;
+                let decoder = hf_json::char_decoder_of_json(&root["decoder"]).map_err(|e| format_err(path, e))?;
+                Self::build_char(path, model, vocab, merges, specials, steps, decoder)?
+            }
+        };
+        tok.normalizers = normalizers;
         tok.add_bos = bos_of_post_processor(&root["post_processor"]);
         Ok(tok)
+    }
+
+    /// A character-level BPE tokenizer (`tokenizer.json` of a SentencePiece conversion):
+    /// tokens spelled as text, `▁` for a space, `<0xXX>` for bytes.
+    fn build_char(
+        path: &Path,
+        model: &Value,
+        vocab: Vec<(String, u32)>,
+        merges: Vec<(String, String)>,
+        mut specials: Vec<Special>,
+        steps: Vec<hf_json::PreStep>,
+        decoder: hf_json::CharDecoder,
+    ) -> Result<Self> {
+        let flag = |k: &str| -> Result<bool> {
+            match &model[k] {
+                Value::Null => Ok(false),
+                v => v.as_bool().ok_or_else(|| format_err(path, format!("model.{k} is not a bool"))),
+            }
+        };
+        let (byte_fallback, fuse_unk, ignore_merges) =
+            (flag("byte_fallback")?, flag("fuse_unk")?, flag("ignore_merges")?);
+        if let Some(s) = specials.iter().find(|s| s.text.is_empty()) {
+            return Err(format_err(path, format!("special token {} has empty content", s.id)));
+        }
+        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.id)).max().unwrap_or(0);
+        if max_id > 10_000_000 {
+            return Err(format_err(path, format!("token id {max_id} is implausibly large")));
+        }
+        let byte_of = |t: &str| {
+            t.strip_prefix("<0x")
+                .and_then(|h| h.strip_suffix('>'))
+                .filter(|h| h.len() == 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        };
+        let mut decoded = vec![Vec::new(); max_id as usize + 1];
+        let mut map = HashMap::with_capacity(vocab.len());
+        for (token, id) in vocab {
+            if token.is_empty() {
+                return Err(format_err(path, format!("vocab token {id} is the empty string")));
+            }
+            if !decoded[id as usize].is_empty() {
+                return Err(format_err(path, format!("id {id} is used by two vocab tokens")));
+            }
+            decoded[id as usize] = match (decoder.byte_fallback, byte_of(&token), decoder.space_char) {
+                (true, Some(b), _) => vec![b],
+                (_, _, Some(c)) => token.replace(c, " ").into_bytes(),
+                (_, _, None) => token.as_bytes().to_vec(),
+            };
+            map.insert(token, id);
+        }
+        for s in &specials {
+            decoded[s.id as usize] = s.text.as_bytes().to_vec();
+        }
+        let byte_tokens = byte_fallback.then(|| std::array::from_fn(|b| map.get(&format!("<0x{b:02X}>")).copied()));
+        let unk = match model["unk_token"].as_str() {
+            Some(u) => {
+                Some(*map.get(u).ok_or_else(|| format_err(path, format!("unk_token {u:?} is not in the vocabulary")))?)
+            }
+            None => None,
+        };
+        let lookup = |s: &str| {
+            map.get(s).copied().ok_or_else(|| format_err(path, format!("merge token {s:?} is not in the vocabulary")))
+        };
+        let mut merge_map = HashMap::with_capacity(merges.len());
+        for (rank, (a, b)) in merges.iter().enumerate() {
+            let merged = lookup(&format!("{a}{b}"))?;
+            merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
+        }
+        specials.sort_by_key(|s| Reverse(s.text.len()));
+        Ok(Tokenizer {
+            pre: PreTokenizer::Gpt2,
+            spm: None,
+            char_bpe: Some(hf_json::CharBpe { vocab: map, byte_tokens, unk, fuse_unk, ignore_merges, steps }),
+            normalizers: Vec::new(),
+            strip_leading: decoder.strip_leading,
+            add_bos: None,
+            add_eos: None,
+            encoder: HashMap::new(),
+            decoder: decoded,
+            merges: merge_map,
+            byte_ids: [None; 256],
+            specials,
+            cache: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Load OpenAI's original files: `vocab.json` (encoder.json) and `merges.txt` (vocab.bpe).
@@ -361,6 +510,9 @@ impl Tokenizer {
         Ok(Tokenizer {
             pre: PreTokenizer::Gpt2,
             spm: None,
+            char_bpe: None,
+            normalizers: Vec::new(),
+            strip_leading: 0,
             add_bos: None,
             add_eos: None,
             encoder,
@@ -446,14 +598,11 @@ impl Tokenizer {
             let (a, b) = m.split_once(' ').ok_or_else(|| err(format!("merge {i} ({m:?}) is not two tokens")))?;
             merges.push((a.to_owned(), b.to_owned()));
         }
-        // GGUF vocabularies may lack ASCII control bytes and lead bytes of UTF-8 beyond
-        // plane 1 or never valid (SmolLM2 lacks 21 such); text loses those bytes, as in
-        // HF. Printable ASCII, continuation bytes and common lead bytes must be there.
-        let may_lack = |b: u8| b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1;
-        let mut tok = Self::build(path, vocab, merges, specials, may_lack)?;
+        let mut tok = Self::build(path, vocab, merges, specials, may_lack_byte)?;
         tok.pre = pre;
-        // llama.cpp's default for Llama 3's vocabulary is to add BOS; for the others not.
-        tok.set_bos_eos_from_gguf(g, tokens.len(), pre == PreTokenizer::Llama3)?;
+        // llama.cpp's default for Llama 3's and Tekken's vocabularies is to add BOS; for
+        // the others not.
+        tok.set_bos_eos_from_gguf(g, tokens.len(), matches!(pre, PreTokenizer::Llama3 | PreTokenizer::Tekken))?;
         Ok(tok)
     }
 
@@ -562,6 +711,9 @@ impl Tokenizer {
         let mut tok = Tokenizer {
             pre: PreTokenizer::Gpt2,
             spm: Some(spm::Spm::new(pieces, byte_tokens, unknown, add_space_prefix)),
+            char_bpe: None,
+            normalizers: Vec::new(),
+            strip_leading: 0,
             add_bos: None,
             add_eos: None,
             encoder: HashMap::new(),
@@ -578,7 +730,22 @@ impl Tokenizer {
 
     /// Which algorithm this tokenizer runs.
     pub fn model(&self) -> TokenizerModel {
-        if self.spm.is_some() { TokenizerModel::SentencePiece } else { TokenizerModel::ByteLevelBpe }
+        if self.spm.is_some() || self.char_bpe.is_some() {
+            TokenizerModel::SentencePiece
+        } else {
+            TokenizerModel::ByteLevelBpe
+        }
+    }
+
+    /// Whether every text decodes back to itself, byte for byte: byte-level BPE from
+    /// `tokenizer.json` or `vocab.json` + `merges.txt` without a normalizer (a normalizer,
+    /// SentencePiece's space prefix, an unknown token or a byte the vocabulary lacks change
+    /// the text).
+    pub fn round_trips(&self) -> bool {
+        self.spm.is_none()
+            && self.char_bpe.is_none()
+            && self.normalizers.is_empty()
+            && self.byte_ids.iter().all(Option::is_some)
     }
 
     /// The pre-tokenizer this tokenizer splits words with.
@@ -642,7 +809,7 @@ impl Tokenizer {
         while let Some((at, i)) = next.iter().enumerate().filter_map(|(i, at)| at.map(|at| (at, i))).min() {
             let special = &self.specials[i];
             if at > cursor {
-                self.encode_raw(&text[cursor..at], after_special, ids);
+                self.encode_raw(&text[cursor..at], cursor == 0, after_special, ids);
             }
             ids.push(special.id);
             after_special = true;
@@ -654,15 +821,41 @@ impl Tokenizer {
             }
         }
         if cursor < text.len() {
-            self.encode_raw(&text[cursor..], after_special, ids);
+            self.encode_raw(&text[cursor..], cursor == 0, after_special, ids);
         }
     }
 
-    /// Encode text that holds no special token; `after_special`: it starts the input or
-    /// follows a special token (where SentencePiece's space prefix goes).
-    fn encode_raw(&self, text: &str, after_special: bool, out: &mut Vec<u32>) {
+    /// Encode text that holds no special token; `at_start`: it starts the input;
+    /// `after_special`: it starts the input or follows a special token (where
+    /// SentencePiece's space prefix goes).
+    fn encode_raw(&self, text: &str, at_start: bool, after_special: bool, out: &mut Vec<u32>) {
+        let mut normalized = std::borrow::Cow::Borrowed(text);
+        for n in &self.normalizers {
+            normalized = n.apply(normalized);
+        }
+        let text = normalized.as_ref();
         if let Some(spm) = &self.spm {
             spm.encode(text, after_special, out);
+            return;
+        }
+        if let Some(cb) = &self.char_bpe {
+            let mut words = vec![std::borrow::Cow::Borrowed(text)];
+            for step in &cb.steps {
+                words = step.run(words, at_start);
+            }
+            for w in &words {
+                self.cached_word(w, out, |out| {
+                    if cb.ignore_merges
+                        && let Some(&id) = cb.vocab.get(w.as_ref())
+                    {
+                        out.push(id);
+                        return;
+                    }
+                    let mut syms = Vec::with_capacity(w.len());
+                    cb.initial_symbols(w, &mut syms);
+                    merge_ids(&syms, &self.merges, out);
+                });
+            }
             return;
         }
         match self.pre {
@@ -674,6 +867,11 @@ impl Tokenizer {
             PreTokenizer::Llama3 | PreTokenizer::Qwen2 => {
                 let digits = if self.pre == PreTokenizer::Llama3 { 3 } else { 1 };
                 for piece in llama3_pieces(text, digits) {
+                    self.encode_word(piece, out);
+                }
+            }
+            PreTokenizer::Gpt4o | PreTokenizer::Tekken => {
+                for piece in gpt4o_pieces(text, self.pre == PreTokenizer::Tekken) {
                     self.encode_word(piece, out);
                 }
             }
@@ -698,11 +896,16 @@ impl Tokenizer {
 
     /// BPE of one pre-token, through the cache.
     fn encode_word(&self, piece: &str, out: &mut Vec<u32>) {
-        let bytes = piece.as_bytes();
-        if let Some(&id) = self.encoder.get(bytes) {
+        if let Some(&id) = self.encoder.get(piece.as_bytes()) {
             out.push(id);
             return;
         }
+        self.cached_word(piece, out, |out| self.bpe(piece.as_bytes(), out));
+    }
+
+    /// The ids of one word: from the cache, or from `encode` (then cached).
+    fn cached_word(&self, piece: &str, out: &mut Vec<u32>, encode: impl FnOnce(&mut Vec<u32>)) {
+        let bytes = piece.as_bytes();
         if bytes.len() <= CACHE_MAX_WORD {
             let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(ids) = cache.get(bytes) {
@@ -711,7 +914,7 @@ impl Tokenizer {
             }
         }
         let start = out.len();
-        self.bpe(bytes, out);
+        encode(out);
         if bytes.len() <= CACHE_MAX_WORD {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if cache.len() >= CACHE_MAX_ENTRIES {
@@ -721,70 +924,10 @@ impl Tokenizer {
         }
     }
 
-    /// Byte-pair merging of one pre-token: repeatedly merge the adjacent pair of lowest
-    /// rank (leftmost first). A heap over candidate pairs plus a linked list of symbols
-    /// keeps this O(n log n) even for very long words.
+    /// Byte-pair merging of one pre-token's bytes (those the vocabulary lacks dropped).
     fn bpe(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        const NONE: usize = usize::MAX;
-        struct Sym {
-            id: u32,
-            prev: usize,
-            next: usize,
-            alive: bool,
-        }
-        let known = || bytes.iter().filter_map(|&b| self.byte_ids[b as usize]);
-        let n = known().count();
-        if n == 0 {
-            return; // every byte is unknown to the vocabulary: dropped
-        }
-        let mut syms: Vec<Sym> = known()
-            .enumerate()
-            .map(|(i, id)| Sym {
-                id,
-                prev: if i == 0 { NONE } else { i - 1 },
-                next: if i + 1 == n { NONE } else { i + 1 },
-                alive: true,
-            })
-            .collect();
-        // (rank, left position, left id, right id), smallest first.
-        let mut heap = BinaryHeap::new();
-        let push_pair = |heap: &mut BinaryHeap<Reverse<(u32, usize, u32, u32)>>, syms: &[Sym], left: usize| {
-            let right = syms[left].next;
-            if right == NONE {
-                return;
-            }
-            if let Some(&(rank, _)) = self.merges.get(&(syms[left].id, syms[right].id)) {
-                heap.push(Reverse((rank, left, syms[left].id, syms[right].id)));
-            }
-        };
-        for i in 0..n.saturating_sub(1) {
-            push_pair(&mut heap, &syms, i);
-        }
-        while let Some(Reverse((_, left, left_id, right_id))) = heap.pop() {
-            let right = syms[left].next;
-            // Skip stale candidates whose symbols have since been merged away.
-            if !syms[left].alive || syms[left].id != left_id || right == NONE || syms[right].id != right_id {
-                continue;
-            }
-            let (_, merged) = self.merges[&(left_id, right_id)];
-            syms[left].id = merged;
-            syms[right].alive = false;
-            let after = syms[right].next;
-            syms[left].next = after;
-            if after != NONE {
-                syms[after].prev = left;
-            }
-            let before = syms[left].prev;
-            if before != NONE {
-                push_pair(&mut heap, &syms, before);
-            }
-            push_pair(&mut heap, &syms, left);
-        }
-        let mut i = 0;
-        while i != NONE {
-            out.push(syms[i].id);
-            i = syms[i].next;
-        }
+        let ids: Vec<u32> = bytes.iter().filter_map(|&b| self.byte_ids[b as usize]).collect();
+        merge_ids(&ids, &self.merges, out);
     }
 
     /// The raw bytes of one token.
@@ -804,9 +947,81 @@ impl Tokenizer {
         Ok(out)
     }
 
-    /// Decode to text; invalid UTF-8 becomes U+FFFD (HF's behaviour).
+    /// Decode to text; invalid UTF-8 becomes U+FFFD (HF's behaviour). Where the
+    /// `tokenizer.json` decoder strips the space its pre-tokenizer put first (`Strip`,
+    /// `Metaspace`), that many leading spaces go, as in HF's `decode`; the token bytes
+    /// ([`Tokenizer::decode_bytes`], streaming) keep them.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+        let bytes = self.decode_bytes(ids)?;
+        let strip = bytes.iter().take(self.strip_leading).take_while(|&&b| b == b' ').count();
+        Ok(String::from_utf8_lossy(&bytes[strip..]).into_owned())
+    }
+}
+
+/// Byte-pair merging: repeatedly merge the adjacent pair of lowest rank in `merges`
+/// ((left, right) → (rank, merged)), leftmost first, starting from the symbols `ids`.
+/// A heap over candidate pairs plus a linked list of symbols keeps this O(n log n) even
+/// for very long words.
+fn merge_ids(ids: &[u32], merges: &HashMap<(u32, u32), (u32, u32)>, out: &mut Vec<u32>) {
+    const NONE: usize = usize::MAX;
+    struct Sym {
+        id: u32,
+        prev: usize,
+        next: usize,
+        alive: bool,
+    }
+    let n = ids.len();
+    if n == 0 {
+        return;
+    }
+    let mut syms: Vec<Sym> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| Sym {
+            id,
+            prev: if i == 0 { NONE } else { i - 1 },
+            next: if i + 1 == n { NONE } else { i + 1 },
+            alive: true,
+        })
+        .collect();
+    // (rank, left position, left id, right id), smallest first.
+    let mut heap = BinaryHeap::new();
+    let push_pair = |heap: &mut BinaryHeap<Reverse<(u32, usize, u32, u32)>>, syms: &[Sym], left: usize| {
+        let right = syms[left].next;
+        if right == NONE {
+            return;
+        }
+        if let Some(&(rank, _)) = merges.get(&(syms[left].id, syms[right].id)) {
+            heap.push(Reverse((rank, left, syms[left].id, syms[right].id)));
+        }
+    };
+    for i in 0..n.saturating_sub(1) {
+        push_pair(&mut heap, &syms, i);
+    }
+    while let Some(Reverse((_, left, left_id, right_id))) = heap.pop() {
+        let right = syms[left].next;
+        // Skip stale candidates whose symbols have since been merged away.
+        if !syms[left].alive || syms[left].id != left_id || right == NONE || syms[right].id != right_id {
+            continue;
+        }
+        let (_, merged) = merges[&(left_id, right_id)];
+        syms[left].id = merged;
+        syms[right].alive = false;
+        let after = syms[right].next;
+        syms[left].next = after;
+        if after != NONE {
+            syms[after].prev = left;
+        }
+        let before = syms[left].prev;
+        if before != NONE {
+            push_pair(&mut heap, &syms, before);
+        }
+        push_pair(&mut heap, &syms, left);
+    }
+    let mut i = 0;
+    while i != NONE {
+        out.push(syms[i].id);
+        i = syms[i].next;
     }
 }
 

@@ -219,6 +219,141 @@ impl<'a> Iterator for Llama3Pieces<'a> {
     }
 }
 
+/// GPT-4o's pattern (`o200k_base`; llama.cpp's `gpt-4o`, `llama4`, `kanana2`, `talkie`,
+/// `minimax-m2`): a word is letters with one leading non-letter, split where lower case
+/// turns to upper (`HTTPServer` → `HTTPServer`, `helloWorld` → `hello`, `World`), with a
+/// trailing contraction; numbers in threes; punctuation keeps following newlines and `/`.
+pub const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Mistral's Tekken (llama.cpp's `tekken`): GPT-4o's without contractions, one digit a piece.
+pub const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// What a character is to [`GPT4O_PATTERN`]: in the "upper" class `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`,
+/// the "lower" class `[\p{Ll}\p{Lm}\p{Lo}\p{M}]` (modifier and other letters and marks are
+/// in both), and the coarse class the other alternatives use (a mark is `Other` there).
+#[derive(Clone, Copy)]
+struct CaseClass {
+    upper: bool,
+    lower: bool,
+    class: Class,
+}
+
+fn case_class_of(c: char) -> CaseClass {
+    if c.is_ascii() {
+        return CaseClass { upper: c.is_ascii_uppercase(), lower: c.is_ascii_lowercase(), class: class_of(c) };
+    }
+    let class = class_of(c);
+    let (upper, lower) = match get_general_category(c) {
+        G::UppercaseLetter | G::TitlecaseLetter => (true, false),
+        G::LowercaseLetter => (false, true),
+        G::ModifierLetter | G::OtherLetter | G::NonspacingMark | G::SpacingMark | G::EnclosingMark => (true, true),
+        _ => (false, false),
+    };
+    CaseClass { upper, lower, class }
+}
+
+/// Iterator over the pieces of [`GPT4O_PATTERN`] (`tekken` false) or [`TEKKEN_PATTERN`]
+/// (`tekken` true), which tile the text.
+pub struct Gpt4oPieces<'a> {
+    text: &'a str,
+    pos: usize,
+    tekken: bool,
+}
+
+pub fn gpt4o_pieces(text: &str, tekken: bool) -> Gpt4oPieces<'_> {
+    Gpt4oPieces { text, pos: 0, tekken }
+}
+
+/// The optional prefix `[^\r\n\p{L}\p{N}]`: a character that is not a letter, a number,
+/// CR or LF (spaces, punctuation, marks).
+fn is_prefix(c: char) -> bool {
+    c != '\r' && c != '\n' && !matches!(class_of(c), Class::Letter | Class::Number)
+}
+
+impl Gpt4oPieces<'_> {
+    /// End of `U*L+` (`lower_first` false: the first letter alternative) or `U+L*` (true:
+    /// the second) matched at byte `from` of `rest`, as a backtracking regex finds it.
+    fn letters_end(rest: &str, from: usize, second: bool) -> Option<usize> {
+        let chars: Vec<(usize, CaseClass)> = rest[from..]
+            .char_indices()
+            .map(|(i, c)| (from + i + c.len_utf8(), case_class_of(c)))
+            .take_while(|(_, k)| k.upper || k.lower)
+            .collect();
+        // k: the greedy run of "upper" characters.
+        let k = chars.iter().take_while(|(_, c)| c.upper).count();
+        let lower_run_end = |start: usize| chars[start..].iter().take_while(|(_, c)| c.lower).last().map(|&(e, _)| e);
+        if second {
+            // `U+L*`: at least one upper, then any lower.
+            return (k > 0).then(|| lower_run_end(k).unwrap_or(chars[k - 1].0));
+        }
+        // `U*L+`: the longest U* after which L+ matches. After the greedy run, L+ takes the
+        // lower run that follows; failing that U* gives back characters until the one it
+        // gives back can start L+ (it then ends there: the next one is upper, not lower).
+        if let Some(end) = lower_run_end(k) {
+            return Some(end);
+        }
+        chars[..k].iter().rposition(|(_, c)| c.lower).map(|j| chars[j].0)
+    }
+
+    fn piece_len(&self, rest: &str) -> usize {
+        let c0 = rest.chars().next().expect("not empty");
+        let k0 = case_class_of(c0);
+        // The two letter alternatives, each with its optional prefix first.
+        for second in [false, true] {
+            let starts: &[usize] = if is_prefix(c0) { &[c0.len_utf8(), 0] } else { &[0] };
+            for &from in starts {
+                if let Some(end) = Self::letters_end(rest, from, second) {
+                    let contraction =
+                        if self.tekken { 0 } else { contraction_len_any_case(&rest.as_bytes()[end..]).unwrap_or(0) };
+                    return end + contraction;
+                }
+            }
+        }
+        let run = |from: usize, class: Class| {
+            rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
+        };
+        // `\p{N}{1,3}` or `\p{N}`.
+        if k0.class == Class::Number {
+            let max = if self.tekken { 1 } else { 3 };
+            return rest
+                .char_indices()
+                .take(max)
+                .take_while(|&(_, c)| class_of(c) == Class::Number)
+                .last()
+                .map_or(0, |(i, c)| i + c.len_utf8());
+        }
+        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
+        let body = if c0 == ' ' { 1 } else { 0 };
+        if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
+            let end = run(body, Class::Other);
+            return end + rest[end..].bytes().take_while(|&b| matches!(b, b'\r' | b'\n' | b'/')).count();
+        }
+        // Whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`, as in Llama 3's pattern.
+        let end = run(0, Class::Space);
+        if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
+            return nl + 1;
+        }
+        if end == rest.len() {
+            return end;
+        }
+        let last = rest[..end].chars().next_back().map_or(0, char::len_utf8);
+        if end > last { end - last } else { end }
+    }
+}
+
+impl<'a> Iterator for Gpt4oPieces<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        if self.pos >= self.text.len() {
+            return None;
+        }
+        let rest = &self.text[self.pos..];
+        let piece = &rest[..self.piece_len(rest)];
+        self.pos += piece.len();
+        Some(piece)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""HF tokenizers' splits of texts by GPT-4o's and Tekken's pre-tokenizer patterns, for the tests.
+
+  python3 scripts/make_case_split_fixture.py > tests/fixtures/pretokenizers-case-split.jsonl
+
+One {"text", "gpt4o": [pieces], "tekken": [pieces], "gpt4o_ids", "tekken_ids"} per line:
+`pre_tokenizers.Split(Regex(P), "isolated")` (P as written in src/tokenizer/pretokenize.rs, and
+checked equal to the pattern transformers' GGUF tokenizer conversion installs for llama.cpp's
+`gpt-4o` and `tekken`), on the texts of tests/fixtures/pretokenizers.jsonl plus texts that mix
+letter cases, titlecase and modifier letters, marks and contractions. The ids (texts of up to
+300 characters) are tests/fixtures/tiny-llama's byte-level BPE with its pre-tokenizer replaced by
+Sequence([Split(P, "isolated"), ByteLevel(use_regex=False)]). Needs tokenizers and transformers.
+"""
+import json
+import re
+
+from tokenizers import Regex, Tokenizer, pre_tokenizers
+from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+src = open("src/tokenizer/pretokenize.rs", encoding="utf-8").read()
+patterns = {name: re.search(rf'pub const {const}: &str = r"(.*)";', src).group(1)
+            for name, const in (("gpt4o", "GPT4O_PATTERN"), ("tekken", "TEKKEN_PATTERN"))}
+assert patterns["gpt4o"] == GGUF_PRE_TOKENIZER_SPLITS["gpt-4o"] == GGUF_PRE_TOKENIZER_SPLITS["llama4"]
+assert patterns["tekken"] == GGUF_PRE_TOKENIZER_SPLITS["tekken"]
+texts = [json.loads(l)["text"] for l in open("tests/fixtures/pretokenizers.jsonl", encoding="utf-8")]
+texts += ["HTTPServer helloWorld iPhone XMLHttpRequest getHTTPResponseCode ABCdef abcDEF",
+          "ÉCOLEé éÉ ÀÉÎõü Straße STRASSE ǅungla ǈ ǋa ʰʲa aʰB",
+          "DON'T don't HELLO'S Hello'S it'LL x'Ve 'S",
+          "a/b\n/c ///\n\n// path/to/file.py\r\n/",
+          "नमस्ते दुनिया क्षत्रिय ไทยภาษา ٱللَّٰه e\u0301A\u030aB \u0301abc x\u0301\u0302Y",
+          "東京Tokyo 東京tokyo Москва МОСКВАмосква ΑθήναΑΘΉΝΑ 123abc ABC123 ½¼",
+          "camelCaseWithNumbers2And3 snake_case_ID __init__ CONSTANT_VALUE",
+          "\tTabbed\n\n  Indented Text\r\n", "ｆｕｌｌｗｉｄｔｈ ＦＵＬＬ", "ǅ", "ʰ", "\u0301", " \u0301"]
+splitters = {n: pre_tokenizers.Split(Regex(p), "isolated") for n, p in patterns.items()}
+bpe = {}
+for n, sp in splitters.items():
+    tok = Tokenizer.from_file("tests/fixtures/tiny-llama/tokenizer.json")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([sp, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe[n] = tok
+for t in texts:
+    row = {"text": t}
+    for n, sp in splitters.items():
+        row[n] = [piece for piece, _ in sp.pre_tokenize_str(t)]
+        if len(t) <= 300:
+            row[n + "_ids"] = bpe[n].encode(t, add_special_tokens=False).ids
+    print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
