@@ -179,6 +179,9 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
         ("tiny-gpt2", FileType::Q8_0, "tiny-gpt2/tiny-gpt2.q8_0.gguf"),
         // Llama 3's RoPE scaling becomes the `rope_freqs.weight` tensor.
         ("tiny-llama3", FileType::F32, "tiny-llama3/tiny-llama3.f32.gguf"),
+        // Qwen 2's q/k/v biases and Qwen 3's q/k norms, q/k rows in HF's order.
+        ("tiny-qwen2", FileType::F32, "tiny-qwen2/tiny-qwen2.f32.gguf"),
+        ("tiny-qwen3", FileType::F32, "tiny-qwen3/tiny-qwen3.f32.gguf"),
     ] {
         let out = dir.path().join(format!("{folder}.gguf"));
         let opts = QuantizeOptions { ftype, pure: false, allow_requantize: false };

@@ -3,8 +3,10 @@
 //!
 //! - **Names:** HF tensor names become llama.cpp's (`model.layers.3.self_attn.q_proj.weight`
 //!   → `blk.3.attn_q.weight`, GPT-2's `h.3.attn.c_attn.weight` → `blk.3.attn_qkv.weight`).
+//! - **Architectures:** `llama`, `qwen2` (q/k/v biases), `qwen3` (q/k head norms), `gpt2`.
 //! - **Llama q/k rows** are permuted per head from HF's rotate-halves order to the
-//!   neighbour pairs llama.cpp's RoPE rotates (row `i·hd/2 + j` of a head moves to `2j + i`).
+//!   neighbour pairs llama.cpp's RoPE rotates (row `i·hd/2 + j` of a head moves to `2j + i`);
+//!   Qwen's keep HF's order (llama.cpp rotates their halves).
 //! - **GPT-2's Conv1D** weights are stored `[in, out]`: transposed to `[out, in]`.
 //! - **Types:** 1-D tensors (norms, biases) become F32, as llama.cpp needs; the rest keep
 //!   the folder's F32/F16/BF16 until the quantizer converts them.
@@ -25,7 +27,7 @@ use crate::backend::RopeScaling;
 use crate::loaders::WeightStore;
 use crate::loaders::config::Gpt2Config;
 use crate::loaders::gguf::{GgmlType, MetaValue};
-use crate::loaders::llama_config::LlamaConfig;
+use crate::loaders::llama_config::{LlamaConfig, LlamaVariant};
 use crate::tensor::Dtype;
 
 enum Arch {
@@ -37,6 +39,9 @@ enum Arch {
 pub struct HfModel {
     dir: PathBuf,
     arch: Arch,
+    /// `config.json` names `head_dim` (convert_hf_to_gguf.py then writes the key and
+    /// value lengths for any architecture).
+    has_head_dim: bool,
     store: WeightStore,
 }
 
@@ -54,18 +59,31 @@ impl HfModel {
         let config_path = dir.join("config.json");
         let text =
             std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
-        let model_type = serde_json::from_str::<Value>(&text)
-            .with_context(|| format!("{}: invalid JSON", config_path.display()))?["model_type"]
-            .as_str()
-            .map(str::to_owned);
+        let config: Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", config_path.display()))?;
+        let model_type = config["model_type"].as_str().map(str::to_owned);
         let bad = |e: String| anyhow::anyhow!("{}: {e}", config_path.display());
         let arch = match model_type.as_deref() {
-            Some("llama") => Arch::Llama(LlamaConfig::from_hf_json(&text).map_err(bad)?),
+            Some("llama" | "qwen2" | "qwen3") => Arch::Llama(LlamaConfig::from_hf_json(&text).map_err(bad)?),
             Some("gpt2") | None => Arch::Gpt2(Gpt2Config::from_json(&text).map_err(bad)?),
-            Some(other) => bail!("{}: model_type {other:?} cannot be converted (llama, gpt2)", config_path.display()),
+            Some(other) => {
+                bail!("{}: model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2)", config_path.display())
+            }
         };
+        if let Arch::Llama(c) = &arch
+            && c.variant != LlamaVariant::Llama
+            && c.rope_scaling != RopeScaling::None
+            && !matches!(c.rope_scaling, RopeScaling::Linear { .. })
+        {
+            bail!(
+                "{}: {} with {:?} RoPE scaling cannot be converted",
+                config_path.display(),
+                c.variant.name(),
+                c.rope_scaling
+            );
+        }
         let store = WeightStore::open_dir(dir)?;
-        Ok(HfModel { dir: dir.to_owned(), arch, store })
+        Ok(HfModel { dir: dir.to_owned(), arch, has_head_dim: !config["head_dim"].is_null(), store })
     }
 
     /// The GGUF contents: metadata and tensors (loaded, permuted or transposed on demand).
@@ -74,13 +92,34 @@ impl HfModel {
         let mut set = |k: &str, v: MetaValue| metadata.push((k.to_owned(), v));
         let name = self.dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
         let (arch, vocab_size) = match &self.arch {
-            Arch::Llama(c) => ("llama", c.vocab_size),
+            Arch::Llama(c) => (c.variant.name(), c.vocab_size),
             Arch::Gpt2(c) => ("gpt2", c.vocab_size),
         };
         set("general.architecture", MetaValue::String(arch.into()));
         set("general.type", MetaValue::String("model".into()));
         set("general.name", MetaValue::String(name.unwrap_or_else(|| "model".into())));
         match &self.arch {
+            // As convert_hf_to_gguf.py's TextModel: Qwen's keys carry no vocabulary size
+            // or RoPE dimensions, and key/value lengths only where the config names head_dim.
+            Arch::Llama(c) if c.variant != LlamaVariant::Llama => {
+                let key = |k: &str| format!("{arch}.{k}");
+                set(&key("block_count"), u32v(c.n_layer));
+                set(&key("context_length"), u32v(c.context_length));
+                set(&key("embedding_length"), u32v(c.hidden_size));
+                set(&key("feed_forward_length"), u32v(c.intermediate_size));
+                set(&key("attention.head_count"), u32v(c.n_head));
+                set(&key("attention.head_count_kv"), u32v(c.n_kv_head));
+                if let RopeScaling::Linear { factor } = c.rope_scaling {
+                    set(&key("rope.scaling.type"), MetaValue::String("linear".into()));
+                    set(&key("rope.scaling.factor"), MetaValue::F32(factor));
+                }
+                set(&key("rope.freq_base"), MetaValue::F32(c.rope_theta));
+                set(&key("attention.layer_norm_rms_epsilon"), MetaValue::F32(c.rms_norm_eps));
+                if self.has_head_dim {
+                    set(&key("attention.key_length"), u32v(c.head_dim));
+                    set(&key("attention.value_length"), u32v(c.head_dim));
+                }
+            }
             Arch::Llama(c) => {
                 set("llama.block_count", u32v(c.n_layer));
                 set("llama.context_length", u32v(c.context_length));
@@ -340,12 +379,36 @@ impl HfModel {
         if !c.tie_word_embeddings || self.store.get("lm_head.weight").is_some() {
             map.push(("lm_head.weight".into(), "output.weight".into(), Reorder::None, vec![v, d]));
         }
+        // Llama's q and k rows are permuted to llama.cpp's interleaved RoPE pairs; Qwen's
+        // rotate the two halves (NEOX) and keep HF's order.
+        let (rq, rk) = match c.variant {
+            LlamaVariant::Llama => (Reorder::RopePairs(c.n_head), Reorder::RopePairs(c.n_kv_head)),
+            LlamaVariant::Qwen2 | LlamaVariant::Qwen3 => (Reorder::None, Reorder::None),
+        };
         for i in 0..c.n_layer {
             let (hf, g) = (format!("model.layers.{i}."), format!("blk.{i}."));
+            match c.variant {
+                LlamaVariant::Llama => {}
+                LlamaVariant::Qwen2 => {
+                    for (h, n, len) in [("q_proj", "attn_q", q), ("k_proj", "attn_k", kv), ("v_proj", "attn_v", kv)] {
+                        map.push((format!("{hf}self_attn.{h}.bias"), format!("{g}{n}.bias"), Reorder::None, vec![len]));
+                    }
+                }
+                LlamaVariant::Qwen3 => {
+                    for (h, n) in [("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")] {
+                        map.push((
+                            format!("{hf}self_attn.{h}.weight"),
+                            format!("{g}{n}.weight"),
+                            Reorder::None,
+                            vec![hd],
+                        ));
+                    }
+                }
+            }
             for (h, n, r, shape) in [
                 ("input_layernorm.weight", "attn_norm.weight", Reorder::None, vec![d]),
-                ("self_attn.q_proj.weight", "attn_q.weight", Reorder::RopePairs(c.n_head), vec![q, d]),
-                ("self_attn.k_proj.weight", "attn_k.weight", Reorder::RopePairs(c.n_kv_head), vec![kv, d]),
+                ("self_attn.q_proj.weight", "attn_q.weight", rq, vec![q, d]),
+                ("self_attn.k_proj.weight", "attn_k.weight", rk, vec![kv, d]),
                 ("self_attn.v_proj.weight", "attn_v.weight", Reorder::None, vec![kv, d]),
                 ("self_attn.o_proj.weight", "attn_output.weight", Reorder::None, vec![d, q]),
                 ("post_attention_layernorm.weight", "ffn_norm.weight", Reorder::None, vec![d]),

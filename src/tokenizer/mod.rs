@@ -853,7 +853,7 @@ impl Tokenizer {
                     }
                     let mut syms = Vec::with_capacity(w.len());
                     cb.initial_symbols(w, &mut syms);
-                    merge_ids(&syms, &self.merges, out);
+                    merge_ids(syms.iter().copied(), &self.merges, out);
                 });
             }
             return;
@@ -926,8 +926,7 @@ impl Tokenizer {
 
     /// Byte-pair merging of one pre-token's bytes (those the vocabulary lacks dropped).
     fn bpe(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        let ids: Vec<u32> = bytes.iter().filter_map(|&b| self.byte_ids[b as usize]).collect();
-        merge_ids(&ids, &self.merges, out);
+        merge_ids(bytes.iter().filter_map(|&b| self.byte_ids[b as usize]), &self.merges, out);
     }
 
     /// The raw bytes of one token.
@@ -962,7 +961,7 @@ impl Tokenizer {
 /// ((left, right) → (rank, merged)), leftmost first, starting from the symbols `ids`.
 /// A heap over candidate pairs plus a linked list of symbols keeps this O(n log n) even
 /// for very long words.
-fn merge_ids(ids: &[u32], merges: &HashMap<(u32, u32), (u32, u32)>, out: &mut Vec<u32>) {
+fn merge_ids(ids: impl Iterator<Item = u32> + Clone, merges: &HashMap<(u32, u32), (u32, u32)>, out: &mut Vec<u32>) {
     const NONE: usize = usize::MAX;
     struct Sym {
         id: u32,
@@ -970,14 +969,14 @@ fn merge_ids(ids: &[u32], merges: &HashMap<(u32, u32), (u32, u32)>, out: &mut Ve
         next: usize,
         alive: bool,
     }
-    let n = ids.len();
-    if n == 0 {
+    let n = ids.clone().count();
+    if n <= 1 {
+        out.extend(ids);
         return;
     }
     let mut syms: Vec<Sym> = ids
-        .iter()
         .enumerate()
-        .map(|(i, &id)| Sym {
+        .map(|(i, id)| Sym {
             id,
             prev: if i == 0 { NONE } else { i - 1 },
             next: if i + 1 == n { NONE } else { i + 1 },
