@@ -18,7 +18,9 @@ tokenizers serializes them:
                    NFC normalizer (base "tiny-llama")
 cases.jsonl: one {"text", VARIANT: ids (the split variants and qwen2_nfc on texts of up to 200
 characters only), "decoded": {VARIANT: text}} per line, ids without BOS
-(add_special_tokens=False), special tokens parsed; `decoded` is HF's decode of those ids where it is not the text.
+(add_special_tokens=False), special tokens parsed; `decoded` is HF's decode of those ids where it is not the text. decode.jsonl: id
+sequences text does not produce (invalid byte runs, `▁▁` or an added token first) with each
+pipeline's HF decode.
 Texts: those of tests/fixtures/pretokenizers.jsonl (its 394 cases and edge cases, every eighth of
 its corpus lines) and edge cases (leading, trailing and
 repeated spaces, added tokens mid-text and first, decomposed characters NFC composes).
@@ -37,7 +39,8 @@ texts = [r["text"] for r in rows]
 train = list(texts)
 texts = texts[:394] + texts[394::8]
 texts += ["  two leading", "trailing  ", "a  b   c", " ", "▁x ▁", "<s>Hello", "Hi <s> there</s>", "<|sep|>x y",
-          "x<|sep|> y", "<unk>", "e\u0301t\u00e9 A\u030a \u1100\u1161\u11a8 \ufb01", "Cafe\u0301 \u212b", "\u00a0x", "🚀 rocket"]
+          "x<|sep|> y", "<unk>", "e\u0301t\u00e9 A\u030a \u1100\u1161\u11a8 \ufb01", "Cafe\u0301 \u212b", "\u00a0x", "🚀 rocket",
+          "🚀中🚀 a🚀b🚀🚀x 中🚀中"]
 
 trainer = trainers.BpeTrainer(vocab_size=600, limit_alphabet=150, show_progress=False)
 t = Tokenizer(BPE())
@@ -121,9 +124,20 @@ with open(f"{OUT}/cases.jsonl", "w", encoding="utf-8") as f:
                 continue  # long texts: the four main pipelines only
             ids = tok.encode(text, add_special_tokens=False).ids
             row[name] = ids
-            if name in ("llama2", "metaspace_first", "metaspace_always", "gemma"):
+            if name != "qwen2_nfc":
                 decoded = tok.decode(ids, skip_special_tokens=False)
                 if decoded != text:
                     row["decoded"][name] = decoded
+        f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+# Id sequences text does not produce, decoded by each pipeline: invalid byte runs, a valid
+# one between text, `▁▁` first, added tokens first.
+byte = lambda b: vocab[f"<0x{b:02X}>"]
+sequences = [[byte(0xE2), byte(0x82)], [byte(0x41), byte(0xC3)], [byte(0xE2), byte(0x82), byte(0xAC), vocab["▁▁"]],
+             [vocab["▁▁"], vocab["▁"]], [vocab["▁"]], [1, vocab["▁▁"]], [vocab["<|sep|>"], vocab["▁"]], [byte(0x20), vocab["▁"]],
+             [0, 0, byte(0x41)]]
+with open(f"{OUT}/decode.jsonl", "w", encoding="utf-8") as f:
+    for ids in sequences:
+        row = {"ids": ids} | {name: tok.decode(ids, skip_special_tokens=False)
+                              for name, tok in tokenizers_.items() if name != "qwen2_nfc"}
         f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
 print(f"{len(vocab)} tokens, {len(merges)} merges, {len(texts)} texts")

@@ -48,8 +48,38 @@ impl Normalizer {
     }
 }
 
-/// The normalizer steps of `tokenizer.json`'s `normalizer` (null: none).
+/// The most a normalizer sequence may multiply a text's length by (`Replace` steps whose
+/// content is longer than their pattern compound; real files grow it at most 3×, `" "`
+/// to `"▁"`).
+const MAX_NORMALIZER_GROWTH: usize = 64;
+
+/// The normalizer steps of `tokenizer.json`'s `normalizer` (null: none), refused where
+/// they could multiply a text's length by more than [`MAX_NORMALIZER_GROWTH`].
 pub(crate) fn normalizers_of_json(v: &Value) -> Result<Vec<Normalizer>, String> {
+    let steps = normalizer_steps(v)?;
+    let mut growth = 1usize;
+    for n in &steps {
+        match n {
+            // NFC composes: it never lengthens a text by more than 3× (UTF-8 bytes).
+            Normalizer::Nfc => growth = growth.saturating_mul(3),
+            Normalizer::Prepend(p) if p.len() > 64 => {
+                return Err("a Prepend of more than 64 bytes is not supported".into());
+            }
+            Normalizer::Prepend(_) => {}
+            Normalizer::Replace { pattern, content } => {
+                growth = growth.saturating_mul(content.len().div_ceil(pattern.len()).max(1))
+            }
+        }
+    }
+    if growth > MAX_NORMALIZER_GROWTH {
+        return Err(format!(
+            "normalizer {v} is not supported: it can make a text {growth}× longer (at most {MAX_NORMALIZER_GROWTH}×)"
+        ));
+    }
+    Ok(steps)
+}
+
+fn normalizer_steps(v: &Value) -> Result<Vec<Normalizer>, String> {
     let string = |v: &Value, what: &str| v.as_str().map(str::to_owned).ok_or_else(|| format!("{what} is not a string"));
     match v["type"].as_str() {
         _ if v.is_null() => Ok(Vec::new()),
@@ -58,7 +88,7 @@ pub(crate) fn normalizers_of_json(v: &Value) -> Result<Vec<Normalizer>, String> 
                 v["normalizers"].as_array().ok_or("a normalizer Sequence without normalizers is not supported")?;
             let mut out = Vec::new();
             for s in steps {
-                out.extend(normalizers_of_json(s)?);
+                out.extend(normalizer_steps(s)?);
             }
             Ok(out)
         }
@@ -223,7 +253,7 @@ impl PreStep {
                         PrependScheme::First => first,
                         PrependScheme::Never => false,
                     };
-                    if put && !s.starts_with(*replacement) {
+                    if put && !s.is_empty() && !s.starts_with(*replacement) {
                         s.insert(0, *replacement);
                     }
                     if *split {
@@ -246,50 +276,59 @@ impl PreStep {
     }
 }
 
-/// Undoing a SentencePiece-style pipeline in decode: the bytes of each token, and
-/// whether one leading space of the whole text is dropped (`Strip`, `Metaspace`).
+/// Undoing a SentencePiece-style pipeline in decode, as HF's decoders do: per token
+/// `Replace("▁", " ")` or `Metaspace` (which also drops the `▁`s of the first token),
+/// `ByteFallback` (a run of `<0xXX>` tokens becomes its text, or one U+FFFD a byte where
+/// it is not UTF-8), `Fuse`, then `Strip` of leading spaces from the whole text.
 pub(crate) struct CharDecoder {
     /// Replace this character with a space (`Replace("▁", " ")`, `Metaspace`).
     pub(crate) space_char: Option<char>,
     /// `<0xXX>` tokens decode to their byte (`ByteFallback`).
     pub(crate) byte_fallback: bool,
-    /// Leading spaces to drop from the decoded text.
+    /// The first token's replacement characters are dropped (`Metaspace` with a prefix).
+    pub(crate) drop_first_spaces: bool,
+    /// Leading spaces to drop from the decoded text (`Strip` after `Fuse`).
     pub(crate) strip_leading: usize,
 }
 
+/// The decoder of a character-level `tokenizer.json`: a `Sequence` of per-token steps
+/// (`Replace` of one character by a space, `ByteFallback`, `Metaspace`), `Fuse`, then
+/// `Strip` of leading spaces; other steps, other orders and no decoder at all (HF then
+/// joins tokens with spaces) are refused.
 pub(crate) fn char_decoder_of_json(v: &Value) -> Result<CharDecoder, String> {
-    let mut d = CharDecoder { space_char: None, byte_fallback: false, strip_leading: 0 };
+    let mut d = CharDecoder { space_char: None, byte_fallback: false, drop_first_spaces: false, strip_leading: 0 };
     let steps: Vec<&Value> = match v["type"].as_str() {
-        _ if v.is_null() => Vec::new(),
+        _ if v.is_null() => return Err("a character-level tokenizer without a decoder is not supported".into()),
         Some("Sequence") => v["decoders"].as_array().ok_or("decoder Sequence has no decoders array")?.iter().collect(),
         _ => vec![v],
     };
+    let mut fused = false;
+    let one_char = |v: &Value| {
+        let mut c = v.as_str().unwrap_or_default().chars();
+        match (c.next(), c.next()) {
+            (Some(c), None) => Some(c),
+            _ => None,
+        }
+    };
     for s in steps {
+        let unsupported = || format!("decoder step {s} is not supported here");
         match s["type"].as_str() {
-            Some("Replace") if s["content"] == " " => {
-                let mut p = s["pattern"]["String"].as_str().unwrap_or_default().chars();
-                match (p.next(), p.next()) {
-                    (Some(c), None) => d.space_char = Some(c),
-                    _ => return Err(format!("decoder step {s} is not supported")),
-                }
+            Some("Replace") if s["content"] == " " && !fused => {
+                d.space_char = Some(one_char(&s["pattern"]["String"]).ok_or_else(unsupported)?);
             }
-            Some("ByteFallback") => d.byte_fallback = true,
-            Some("Fuse") => {}
-            Some("Strip") if s["content"] == " " && s["stop"].as_u64() == Some(0) => {
+            Some("ByteFallback") if !fused => d.byte_fallback = true,
+            Some("Metaspace") if !fused => {
+                d.space_char = Some(one_char(&s["replacement"]).ok_or_else(unsupported)?);
+                d.drop_first_spaces = !(s["prepend_scheme"] == "never" || s["add_prefix_space"] == false);
+            }
+            Some("Fuse") => fused = true,
+            Some("Strip") if fused && s["content"] == " " && s["stop"].as_u64() == Some(0) => {
                 d.strip_leading = s["start"].as_u64().ok_or("Strip's start is not a count")? as usize;
-            }
-            Some("Metaspace") => {
-                let mut r = s["replacement"].as_str().unwrap_or_default().chars();
-                d.space_char = match (r.next(), r.next()) {
-                    (Some(c), None) => Some(c),
-                    _ => return Err("Metaspace decoder's replacement is not one character".into()),
-                };
-                let never = s["prepend_scheme"] == "never" || s["add_prefix_space"] == false;
-                d.strip_leading = usize::from(!never);
             }
             _ => {
                 return Err(format!(
-                    "decoder step {s} is not supported (supported: Replace with \" \", ByteFallback, Fuse, Strip, Metaspace)"
+                    "{} (supported: Replace of one character by \" \", ByteFallback and Metaspace, then Fuse, then Strip)",
+                    unsupported()
                 ));
             }
         }
@@ -298,7 +337,7 @@ pub(crate) fn char_decoder_of_json(v: &Value) -> Result<CharDecoder, String> {
 }
 
 /// BPE over characters with byte fallback (HF's `BPE` model as SentencePiece
-/// conversions configure it).
+/// conversions configure it), and how its ids decode.
 pub(crate) struct CharBpe {
     /// Token text as the vocabulary spells it (with `▁`) → id.
     pub(crate) vocab: HashMap<String, u32>,
@@ -309,34 +348,79 @@ pub(crate) struct CharBpe {
     /// A word that is itself a vocabulary token is that token (`ignore_merges`).
     pub(crate) ignore_merges: bool,
     pub(crate) steps: Vec<PreStep>,
+    /// The byte of each `<0xXX>` token, when the decoder has `ByteFallback`.
+    pub(crate) byte_of_token: HashMap<u32, u8>,
+    /// Ids of added tokens (kept as they are by the first-token rule of `Metaspace`).
+    pub(crate) added: std::collections::HashSet<u32>,
+    pub(crate) decoder: CharDecoder,
 }
 
 impl CharBpe {
-    /// The symbols a word starts as, before merging.
+    /// The symbols a word starts as, before merging, as HF's `merge_word` makes them: a
+    /// character the vocabulary lacks becomes its `<0xXX>` tokens, else a pending
+    /// unknown token, which is written out before the next vocabulary character (or at
+    /// the end), fused with the next unknown one when `fuse_unk` is set. Byte-fallback
+    /// characters do not write it out, so HF puts it after them; so does this. Without
+    /// an unknown token the character is dropped, as in HF.
     pub(crate) fn initial_symbols(&self, word: &str, out: &mut Vec<u32>) {
-        let mut last_was_unk = false;
+        let mut pending_unk = false;
         let mut buf = [0u8; 4];
         for c in word.chars() {
             if let Some(&id) = self.vocab.get(c.encode_utf8(&mut buf) as &str) {
+                if std::mem::take(&mut pending_unk) {
+                    out.extend(self.unk);
+                }
                 out.push(id);
-                last_was_unk = false;
                 continue;
             }
             if let Some(bytes) = &self.byte_tokens {
                 let ids: Option<Vec<u32>> = c.encode_utf8(&mut buf).bytes().map(|b| bytes[b as usize]).collect();
                 if let Some(ids) = ids {
                     out.extend(ids);
-                    last_was_unk = false;
                     continue;
                 }
             }
-            // Without an unknown token HF refuses the text; here the character is dropped.
-            if let Some(unk) = self.unk
-                && !(self.fuse_unk && last_was_unk)
-            {
-                out.push(unk);
-                last_was_unk = true;
+            if let Some(unk) = self.unk {
+                if pending_unk && !self.fuse_unk {
+                    out.push(unk);
+                }
+                pending_unk = true;
             }
         }
+        if pending_unk {
+            out.extend(self.unk);
+        }
+    }
+}
+
+impl CharBpe {
+    /// `ids` as HF's decoder chain renders them; `bytes(id)` gives a token's bytes (`▁`
+    /// already a space, `<0xXX>` its byte, an added token its text).
+    pub(crate) fn decode<'a>(&self, ids: &[u32], bytes: impl Fn(u32) -> &'a [u8]) -> String {
+        let mut out = String::new();
+        let mut run = Vec::new();
+        let flush = |run: &mut Vec<u8>, out: &mut String| {
+            match std::str::from_utf8(run) {
+                Ok(s) => out.push_str(s),
+                Err(_) => out.extend(std::iter::repeat_n('\u{FFFD}', run.len())),
+            }
+            run.clear();
+        };
+        for (i, &id) in ids.iter().enumerate() {
+            if let Some(&b) = self.byte_of_token.get(&id) {
+                run.push(b);
+                continue;
+            }
+            flush(&mut run, &mut out);
+            let text = String::from_utf8_lossy(bytes(id));
+            if i == 0 && self.decoder.drop_first_spaces && !self.added.contains(&id) {
+                out.extend(text.chars().filter(|&c| c != ' '));
+            } else {
+                out.push_str(&text);
+            }
+        }
+        flush(&mut run, &mut out);
+        let strip = out.bytes().take(self.decoder.strip_leading).take_while(|&b| b == b' ').count();
+        out.split_off(strip)
     }
 }

@@ -68,8 +68,9 @@ pub enum PreTokenizer {
 
 impl PreTokenizer {
     /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs.
-    /// Names llama.cpp gives the same pattern (and the same BOS and merge settings) are
-    /// all here.
+    /// Names llama.cpp gives the same pattern and BOS default are all here. (A word that
+    /// is a whole vocabulary token is that token for every pre-tokenizer here; llama.cpp
+    /// sets `ignore_merges` for some names only.)
     pub const GGUF_NAMES: [(&'static str, PreTokenizer); 22] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("smollm", PreTokenizer::SmolLm),
@@ -139,8 +140,6 @@ pub struct Tokenizer {
     char_bpe: Option<hf_json::CharBpe>,
     /// `tokenizer.json`'s normalizer steps, run on each segment between special tokens.
     normalizers: Vec<hf_json::Normalizer>,
-    /// Leading spaces [`Tokenizer::decode`] drops (the decoder's `Strip`, `Metaspace`).
-    strip_leading: usize,
     /// BOS and EOS ids that encoders of whole texts put first and last (GGUF
     /// `add_bos_token`, `add_eos_token`).
     add_bos: Option<u32>,
@@ -362,23 +361,33 @@ impl Tokenizer {
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
         };
         let mut decoded = vec![Vec::new(); max_id as usize + 1];
+        let mut byte_of_token = HashMap::new();
+        // What HF's per-token decoder steps make of a token (added ones included).
+        let mut decode_token = |id: u32, token: &str| {
+            byte_of_token.remove(&id);
+            decoded[id as usize] = match (decoder.byte_fallback, byte_of(token), decoder.space_char) {
+                (true, Some(b), _) => {
+                    byte_of_token.insert(id, b);
+                    vec![b]
+                }
+                (_, _, Some(c)) => token.replace(c, " ").into_bytes(),
+                (_, _, None) => token.as_bytes().to_vec(),
+            };
+        };
         let mut map = HashMap::with_capacity(vocab.len());
+        let mut seen = std::collections::HashSet::with_capacity(vocab.len());
         for (token, id) in vocab {
             if token.is_empty() {
                 return Err(format_err(path, format!("vocab token {id} is the empty string")));
             }
-            if !decoded[id as usize].is_empty() {
+            if !seen.insert(id) {
                 return Err(format_err(path, format!("id {id} is used by two vocab tokens")));
             }
-            decoded[id as usize] = match (decoder.byte_fallback, byte_of(&token), decoder.space_char) {
-                (true, Some(b), _) => vec![b],
-                (_, _, Some(c)) => token.replace(c, " ").into_bytes(),
-                (_, _, None) => token.as_bytes().to_vec(),
-            };
+            decode_token(id, &token);
             map.insert(token, id);
         }
         for s in &specials {
-            decoded[s.id as usize] = s.text.as_bytes().to_vec();
+            decode_token(s.id, &s.text);
         }
         let byte_tokens = byte_fallback.then(|| std::array::from_fn(|b| map.get(&format!("<0x{b:02X}>")).copied()));
         let unk = match model["unk_token"].as_str() {
@@ -390,18 +399,30 @@ impl Tokenizer {
         let lookup = |s: &str| {
             map.get(s).copied().ok_or_else(|| format_err(path, format!("merge token {s:?} is not in the vocabulary")))
         };
+        // A pair listed twice keeps its last rank, as HF's merge map does.
         let mut merge_map = HashMap::with_capacity(merges.len());
         for (rank, (a, b)) in merges.iter().enumerate() {
             let merged = lookup(&format!("{a}{b}"))?;
-            merge_map.entry((lookup(a)?, lookup(b)?)).or_insert((rank as u32, merged));
+            merge_map.insert((lookup(a)?, lookup(b)?), (rank as u32, merged));
         }
+        let added = specials.iter().map(|s| s.id).collect();
         specials.sort_by_key(|s| Reverse(s.text.len()));
+        let char_bpe = hf_json::CharBpe {
+            vocab: map,
+            byte_tokens,
+            unk,
+            fuse_unk,
+            ignore_merges,
+            steps,
+            byte_of_token,
+            added,
+            decoder,
+        };
         Ok(Tokenizer {
             pre: PreTokenizer::Gpt2,
             spm: None,
-            char_bpe: Some(hf_json::CharBpe { vocab: map, byte_tokens, unk, fuse_unk, ignore_merges, steps }),
+            char_bpe: Some(char_bpe),
             normalizers: Vec::new(),
-            strip_leading: decoder.strip_leading,
             add_bos: None,
             add_eos: None,
             encoder: HashMap::new(),
@@ -512,7 +533,6 @@ impl Tokenizer {
             spm: None,
             char_bpe: None,
             normalizers: Vec::new(),
-            strip_leading: 0,
             add_bos: None,
             add_eos: None,
             encoder,
@@ -713,7 +733,6 @@ impl Tokenizer {
             spm: Some(spm::Spm::new(pieces, byte_tokens, unknown, add_space_prefix)),
             char_bpe: None,
             normalizers: Vec::new(),
-            strip_leading: 0,
             add_bos: None,
             add_eos: None,
             encoder: HashMap::new(),
@@ -946,14 +965,17 @@ impl Tokenizer {
         Ok(out)
     }
 
-    /// Decode to text; invalid UTF-8 becomes U+FFFD (HF's behaviour). Where the
-    /// `tokenizer.json` decoder strips the space its pre-tokenizer put first (`Strip`,
-    /// `Metaspace`), that many leading spaces go, as in HF's `decode`; the token bytes
-    /// ([`Tokenizer::decode_bytes`], streaming) keep them.
+    /// Decode to text as HF's `decode` does: invalid UTF-8 becomes U+FFFD; for a
+    /// character-level `tokenizer.json`, its decoder's steps ([`hf_json::CharDecoder`]:
+    /// the space its pre-tokenizer put first is dropped, an invalid run of byte tokens is
+    /// one U+FFFD a byte). The token bytes ([`Tokenizer::decode_bytes`], streaming) keep
+    /// every space.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let bytes = self.decode_bytes(ids)?;
-        let strip = bytes.iter().take(self.strip_leading).take_while(|&&b| b == b' ').count();
-        Ok(String::from_utf8_lossy(&bytes[strip..]).into_owned())
+        match &self.char_bpe {
+            Some(cb) => Ok(cb.decode(ids, |id| &self.decoder[id as usize])),
+            None => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        }
     }
 }
 

@@ -270,28 +270,39 @@ fn is_prefix(c: char) -> bool {
 }
 
 impl Gpt4oPieces<'_> {
-    /// End of `U*L+` (`lower_first` false: the first letter alternative) or `U+L*` (true:
+    /// End of `U*L+` (`second` false: the first letter alternative) or `U+L*` (true:
     /// the second) matched at byte `from` of `rest`, as a backtracking regex finds it.
+    /// Reads only the characters the match covers plus the upper run it scans, so a
+    /// text is split in linear time.
     fn letters_end(rest: &str, from: usize, second: bool) -> Option<usize> {
-        let chars: Vec<(usize, CaseClass)> = rest[from..]
-            .char_indices()
-            .map(|(i, c)| (from + i + c.len_utf8(), case_class_of(c)))
-            .take_while(|(_, k)| k.upper || k.lower)
-            .collect();
-        // k: the greedy run of "upper" characters.
-        let k = chars.iter().take_while(|(_, c)| c.upper).count();
-        let lower_run_end = |start: usize| chars[start..].iter().take_while(|(_, c)| c.lower).last().map(|&(e, _)| e);
+        let mut chars = rest[from..].char_indices().map(|(i, c)| (from + i + c.len_utf8(), case_class_of(c)));
+        // The greedy run of "upper" characters; where the last of them that is also
+        // "lower" ends; the character after the run.
+        let (mut any_upper, mut upper_end, mut lower_in_upper) = (false, from, None);
+        let mut after = None;
+        for (end, c) in chars.by_ref() {
+            if !c.upper {
+                after = Some((end, c));
+                break;
+            }
+            (any_upper, upper_end) = (true, end);
+            if c.lower {
+                lower_in_upper = Some(end);
+            }
+        }
+        // The run of "lower" characters right after the upper run.
+        let lower_end = match after {
+            Some((end, c)) if c.lower => Some(chars.take_while(|(_, c)| c.lower).last().map_or(end, |(e, _)| e)),
+            _ => None,
+        };
         if second {
             // `U+L*`: at least one upper, then any lower.
-            return (k > 0).then(|| lower_run_end(k).unwrap_or(chars[k - 1].0));
+            return any_upper.then(|| lower_end.unwrap_or(upper_end));
         }
-        // `U*L+`: the longest U* after which L+ matches. After the greedy run, L+ takes the
-        // lower run that follows; failing that U* gives back characters until the one it
-        // gives back can start L+ (it then ends there: the next one is upper, not lower).
-        if let Some(end) = lower_run_end(k) {
-            return Some(end);
-        }
-        chars[..k].iter().rposition(|(_, c)| c.lower).map(|j| chars[j].0)
+        // `U*L+`: after the greedy run, L+ takes the lower run that follows; failing that
+        // U* gives back characters until the one it gives back can start L+ (which then
+        // ends there: the next one is upper, not lower).
+        lower_end.or(lower_in_upper)
     }
 
     fn piece_len(&self, rest: &str) -> usize {
