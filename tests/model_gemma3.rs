@@ -45,6 +45,17 @@ fn hf() -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture("gemma3/hf.json")).unwrap()).unwrap()
 }
 
+/// The 802 texts of tests/fixtures/gemma3/tokenizer.jsonl with HF's and llama.cpp's ids.
+fn tokenizer_cases() -> Vec<Value> {
+    let cases: Vec<Value> = std::fs::read_to_string(fixture("gemma3/tokenizer.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(cases.len(), 802);
+    cases
+}
+
 /// A run of at least 32 spaces: where HF's converted tokenizer (merge order) and llama.cpp
 /// (scores) split differently (HF: 16 + 18 spaces for 34, llama.cpp: 31 + 3).
 fn long_space_run(text: &str) -> bool {
@@ -58,12 +69,7 @@ fn tokenizer_equals_llama_cpp_and_hf() {
     assert_eq!(tok.model(), TokenizerModel::SentencePiece);
     assert_eq!(tok.vocab_size(), 262_144);
     assert_eq!(tok.bos_to_add(), Some(2));
-    let cases: Vec<Value> = std::fs::read_to_string(fixture("gemma3/tokenizer.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(cases.len(), 802);
+    let cases = tokenizer_cases();
     let (mut hf_differs, mut scripts) = (0, std::collections::BTreeSet::new());
     for case in &cases {
         let text = case["text"].as_str().unwrap();
@@ -307,12 +313,7 @@ fn hf_tokenizer_json_equals_hf() {
     assert_eq!(tok.model(), TokenizerModel::SentencePiece);
     assert_eq!(tok.vocab_size(), 262_144);
     assert_eq!(tok.bos_to_add(), Some(2));
-    let cases: Vec<Value> = std::fs::read_to_string(fixture("gemma3/tokenizer.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(cases.len(), 802);
+    let cases = tokenizer_cases();
     let mut space_runs = 0;
     for case in &cases {
         let text = case["text"].as_str().unwrap();

@@ -177,32 +177,41 @@ impl Llama3Pieces<'_> {
         if class0 != Class::Number && c0 != '\r' && c0 != '\n' && next.is_some_and(|c| class_of(c) == Class::Letter) {
             return run(c0.len_utf8(), Class::Letter);
         }
-        // `\p{N}{1,max}`
-        if class0 == Class::Number {
-            return rest
-                .char_indices()
-                .take(self.max_digits)
-                .take_while(|&(_, c)| class_of(c) == Class::Number)
-                .last()
-                .map_or(0, |(i, c)| i + c.len_utf8());
-        }
-        // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-        let body = if c0 == ' ' { 1 } else { 0 };
-        if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
-            let end = run(body, Class::Other);
-            return end + rest[end..].bytes().take_while(|&b| b == b'\r' || b == b'\n').count();
-        }
-        // What is left starts with whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`.
-        let end = run(0, Class::Space);
-        if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
-            return nl + 1;
-        }
-        if end == rest.len() {
-            return end;
-        }
-        let last = rest[..end].chars().next_back().map_or(0, char::len_utf8);
-        if end > last { end - last } else { end }
+        tail_len(rest, self.max_digits, b"\r\n")
     }
+}
+
+/// The alternatives Llama 3's and GPT-4o's patterns share after their letter ones, at the
+/// start of `rest` (not empty, not starting a letter match): `\p{N}{1,max_digits}`, then
+/// ` ?[^\s\p{L}\p{N}]+` followed by any of `trailing` (`[\r\n]*`, GPT-4o's `[\r\n/]*`),
+/// then whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`.
+fn tail_len(rest: &str, max_digits: usize, trailing: &[u8]) -> usize {
+    let c0 = rest.chars().next().expect("not empty");
+    let run = |from: usize, class: Class| {
+        rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
+    };
+    if class_of(c0) == Class::Number {
+        return rest
+            .char_indices()
+            .take(max_digits)
+            .take_while(|&(_, c)| class_of(c) == Class::Number)
+            .last()
+            .map_or(0, |(i, c)| i + c.len_utf8());
+    }
+    let body = if c0 == ' ' { 1 } else { 0 };
+    if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
+        let end = run(body, Class::Other);
+        return end + rest[end..].bytes().take_while(|b| trailing.contains(b)).count();
+    }
+    let end = run(0, Class::Space);
+    if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
+        return nl + 1;
+    }
+    if end == rest.len() {
+        return end;
+    }
+    let last = rest[..end].chars().next_back().map_or(0, char::len_utf8);
+    if end > last { end - last } else { end }
 }
 
 impl<'a> Iterator for Llama3Pieces<'a> {
@@ -227,28 +236,26 @@ pub const GPT4O_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{
 /// Mistral's Tekken (llama.cpp's `tekken`): GPT-4o's without contractions, one digit a piece.
 pub const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// What a character is to [`GPT4O_PATTERN`]: in the "upper" class `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`,
-/// the "lower" class `[\p{Ll}\p{Lm}\p{Lo}\p{M}]` (modifier and other letters and marks are
-/// in both), and the coarse class the other alternatives use (a mark is `Other` there).
+/// What a character is to [`GPT4O_PATTERN`]'s letter alternatives: in the "upper" class
+/// `[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]`, the "lower" class `[\p{Ll}\p{Lm}\p{Lo}\p{M}]`
+/// (modifier and other letters and marks are in both).
 #[derive(Clone, Copy)]
 struct CaseClass {
     upper: bool,
     lower: bool,
-    class: Class,
 }
 
 fn case_class_of(c: char) -> CaseClass {
     if c.is_ascii() {
-        return CaseClass { upper: c.is_ascii_uppercase(), lower: c.is_ascii_lowercase(), class: class_of(c) };
+        return CaseClass { upper: c.is_ascii_uppercase(), lower: c.is_ascii_lowercase() };
     }
-    let class = class_of(c);
     let (upper, lower) = match get_general_category(c) {
         G::UppercaseLetter | G::TitlecaseLetter => (true, false),
         G::LowercaseLetter => (false, true),
         G::ModifierLetter | G::OtherLetter | G::NonspacingMark | G::SpacingMark | G::EnclosingMark => (true, true),
         _ => (false, false),
     };
-    CaseClass { upper, lower, class }
+    CaseClass { upper, lower }
 }
 
 /// Iterator over the pieces of [`GPT4O_PATTERN`] (`tekken` false) or [`TEKKEN_PATTERN`]
@@ -307,7 +314,6 @@ impl Gpt4oPieces<'_> {
 
     fn piece_len(&self, rest: &str) -> usize {
         let c0 = rest.chars().next().expect("not empty");
-        let k0 = case_class_of(c0);
         // The two letter alternatives, each with its optional prefix first.
         for second in [false, true] {
             let starts: &[usize] = if is_prefix(c0) { &[c0.len_utf8(), 0] } else { &[0] };
@@ -319,35 +325,7 @@ impl Gpt4oPieces<'_> {
                 }
             }
         }
-        let run = |from: usize, class: Class| {
-            rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
-        };
-        // `\p{N}{1,3}` or `\p{N}`.
-        if k0.class == Class::Number {
-            let max = if self.tekken { 1 } else { 3 };
-            return rest
-                .char_indices()
-                .take(max)
-                .take_while(|&(_, c)| class_of(c) == Class::Number)
-                .last()
-                .map_or(0, |(i, c)| i + c.len_utf8());
-        }
-        // ` ?[^\s\p{L}\p{N}]+[\r\n/]*`
-        let body = if c0 == ' ' { 1 } else { 0 };
-        if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
-            let end = run(body, Class::Other);
-            return end + rest[end..].bytes().take_while(|&b| matches!(b, b'\r' | b'\n' | b'/')).count();
-        }
-        // Whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`, as in Llama 3's pattern.
-        let end = run(0, Class::Space);
-        if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
-            return nl + 1;
-        }
-        if end == rest.len() {
-            return end;
-        }
-        let last = rest[..end].chars().next_back().map_or(0, char::len_utf8);
-        if end > last { end - last } else { end }
+        tail_len(rest, if self.tekken { 1 } else { 3 }, b"\r\n/")
     }
 }
 
