@@ -168,6 +168,37 @@ fn may_lack_byte(b: u8) -> bool {
     b < 0x20 || b == 0x7f || b == 0xc0 || b == 0xc1 || b >= 0xf1
 }
 
+/// The byte a SentencePiece byte token spells (`<0x0A>` → 0x0A).
+fn byte_token_value(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() == 2 { u8::from_str_radix(hex, 16).ok() } else { None }
+}
+
+/// Checks shared by every vocabulary built from files: no empty token (an empty special
+/// would match everywhere, an endless encode; an empty one decodes to nothing), no two
+/// special tokens on one id, ids of plausible size. Returns the largest id.
+fn check_token_ids(path: &Path, vocab: &[(String, u32)], specials: &[Special]) -> Result<u32> {
+    if let Some(s) = specials.iter().find(|s| s.text.is_empty()) {
+        return Err(format_err(path, format!("special token {} has empty content", s.id)));
+    }
+    if let Some((_, id)) = vocab.iter().find(|(s, _)| s.is_empty()) {
+        return Err(format_err(path, format!("vocab token {id} is the empty string")));
+    }
+    let mut special_ids: HashMap<u32, &str> = HashMap::with_capacity(specials.len());
+    for Special { text: s, id, .. } in specials {
+        if let Some(other) = special_ids.insert(*id, s.as_str())
+            && other != s
+        {
+            return Err(format_err(path, format!("special tokens {other:?} and {s:?} share id {id}")));
+        }
+    }
+    let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.id)).max().unwrap_or(0);
+    if max_id > 10_000_000 {
+        return Err(format_err(path, format!("token id {max_id} is implausibly large")));
+    }
+    Ok(max_id)
+}
+
 /// The BOS id an HF `tokenizer.json` post-processor puts before a single text: a
 /// `TemplateProcessing` (alone or in a `Sequence`, as Llama 3's) whose `single` template
 /// starts with a special token, e.g. `<|begin_of_text|>`.
@@ -347,25 +378,13 @@ impl Tokenizer {
         };
         let (byte_fallback, fuse_unk, ignore_merges) =
             (flag("byte_fallback")?, flag("fuse_unk")?, flag("ignore_merges")?);
-        if let Some(s) = specials.iter().find(|s| s.text.is_empty()) {
-            return Err(format_err(path, format!("special token {} has empty content", s.id)));
-        }
-        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.id)).max().unwrap_or(0);
-        if max_id > 10_000_000 {
-            return Err(format_err(path, format!("token id {max_id} is implausibly large")));
-        }
-        let byte_of = |t: &str| {
-            t.strip_prefix("<0x")
-                .and_then(|h| h.strip_suffix('>'))
-                .filter(|h| h.len() == 2)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        };
+        let max_id = check_token_ids(path, &vocab, &specials)?;
         let mut decoded = vec![Vec::new(); max_id as usize + 1];
         let mut byte_of_token = HashMap::new();
         // What HF's per-token decoder steps make of a token (added ones included).
         let mut decode_token = |id: u32, token: &str| {
             byte_of_token.remove(&id);
-            decoded[id as usize] = match (decoder.byte_fallback, byte_of(token), decoder.space_char) {
+            decoded[id as usize] = match (decoder.byte_fallback, byte_token_value(token), decoder.space_char) {
                 (true, Some(b), _) => {
                     byte_of_token.insert(id, b);
                     vec![b]
@@ -377,9 +396,6 @@ impl Tokenizer {
         let mut map = HashMap::with_capacity(vocab.len());
         let mut seen = std::collections::HashSet::with_capacity(vocab.len());
         for (token, id) in vocab {
-            if token.is_empty() {
-                return Err(format_err(path, format!("vocab token {id} is the empty string")));
-            }
             if !seen.insert(id) {
                 return Err(format_err(path, format!("id {id} is used by two vocab tokens")));
             }
@@ -471,25 +487,8 @@ impl Tokenizer {
         may_lack: fn(u8) -> bool,
     ) -> Result<Self> {
         let table = byte_level::byte_to_char_table();
-        // Empty tokens would match everywhere (an endless encode) or decode to nothing.
-        if let Some(s) = specials.iter().find(|s| s.text.is_empty()) {
-            return Err(format_err(path, format!("special token {} has empty content", s.id)));
-        }
-        if let Some((_, id)) = vocab.iter().find(|(s, _)| s.is_empty()) {
-            return Err(format_err(path, format!("vocab token {id} is the empty string")));
-        }
-        let mut special_ids: HashMap<u32, &str> = HashMap::with_capacity(specials.len());
-        for Special { text: s, id, .. } in &specials {
-            if let Some(other) = special_ids.insert(*id, s.as_str())
-                && other != s
-            {
-                return Err(format_err(path, format!("special tokens {other:?} and {s:?} share id {id}")));
-            }
-        }
-        let max_id = vocab.iter().map(|v| v.1).chain(specials.iter().map(|s| s.id)).max().unwrap_or(0);
-        if max_id > 10_000_000 {
-            return Err(format_err(path, format!("token id {max_id} is implausibly large")));
-        }
+        let max_id = check_token_ids(path, &vocab, &specials)?;
+        let special_ids: HashMap<u32, &str> = specials.iter().map(|s| (s.id, s.text.as_str())).collect();
         let mut decoder = vec![Vec::new(); max_id as usize + 1];
         let mut encoder = HashMap::with_capacity(vocab.len());
         for (token, id) in &vocab {
@@ -693,12 +692,8 @@ impl Tokenizer {
             let id = i as u32;
             let bytes = match ty {
                 6 => {
-                    let b = text
-                        .strip_prefix("<0x")
-                        .and_then(|h| h.strip_suffix('>'))
-                        .filter(|h| h.len() == 2)
-                        .and_then(|h| u8::from_str_radix(h, 16).ok())
-                        .ok_or_else(|| err(format!("byte token {i} is {text:?}, not <0xXX>")))?;
+                    let b =
+                        byte_token_value(text).ok_or_else(|| err(format!("byte token {i} is {text:?}, not <0xXX>")))?;
                     byte_tokens[b as usize].get_or_insert(id);
                     vec![b]
                 }
@@ -971,10 +966,14 @@ impl Tokenizer {
     /// one U+FFFD a byte). The token bytes ([`Tokenizer::decode_bytes`], streaming) keep
     /// every space.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        let bytes = self.decode_bytes(ids)?;
         match &self.char_bpe {
-            Some(cb) => Ok(cb.decode(ids, |id| &self.decoder[id as usize])),
-            None => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+            Some(cb) => {
+                for &id in ids {
+                    self.token_bytes(id)?;
+                }
+                Ok(cb.decode(ids, |id| &self.decoder[id as usize]))
+            }
+            None => Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned()),
         }
     }
 }
