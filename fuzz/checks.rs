@@ -9,6 +9,7 @@ use batch_forge::loaders::Gpt2Config;
 use batch_forge::loaders::safetensors::SafetensorsFile;
 use batch_forge::tokenizer::StreamDecoder;
 use batch_forge::tokenizer::Tokenizer;
+use batch_forge::tokenizer::{PreTokenizer, split_chain_pieces};
 use std::path::Path;
 use std::sync::LazyLock;
 
@@ -86,7 +87,8 @@ static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(|| {
 
 /// GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
 /// encode → decode (with and without special-token matching), every id is in range,
-/// and encoding finishes in bounded time (libFuzzer's -timeout).
+/// encoding finishes in bounded time (libFuzzer's -timeout), and DeepSeek's chains of
+/// splits tile the text.
 pub fn bpe_roundtrip(data: &[u8]) {
     let tok = &*TOKENIZER;
     let text = String::from_utf8_lossy(data);
@@ -94,6 +96,12 @@ pub fn bpe_roundtrip(data: &[u8]) {
         assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
         let back = tok.decode_bytes(&ids).expect("encoded ids decode");
         assert_eq!(back, text.as_bytes(), "round trip of {text:?}");
+    }
+    // DeepSeek's chains of splits tile the text with non-empty pieces.
+    for pre in [PreTokenizer::DeepSeekLlm, PreTokenizer::DeepSeekCoder, PreTokenizer::DeepSeekV3] {
+        let pieces = split_chain_pieces(&text, pre).expect("a chain of splits");
+        assert!(pieces.iter().all(|p| !p.is_empty()), "{pre:?}: an empty piece of {text:?}");
+        assert_eq!(pieces.concat(), text, "{pre:?}: pieces of {text:?}");
     }
 }
 

@@ -19,7 +19,8 @@ Writes
                           installs a bare ByteLevel pre-tokenizer; for `smollm` (SmolLM2,
                           whose tokenizer.json is Digits(individual_digits) + ByteLevel)
                           that differs on numbers outside ASCII (" ½": converter " ½" as
-                          one word, the model and llama.cpp " " then "½").
+                          one word, the model and llama.cpp " " then "½"). For `deepseek-llm`,
+                          `deepseek-coder` and `deepseek-v3`, the chain of isolated splits.
 
 Needs: pip install gguf transformers (and torch for transformers' GGUF loading).
 """
@@ -31,8 +32,13 @@ import tempfile
 from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from tokenizers import pre_tokenizers
+from tokenizers import Regex, pre_tokenizers
 from transformers import AutoTokenizer
+
+from make_split_chain_fixture import rust_split_chains
+
+# DeepSeek's chains of splits, as its tokenizer.json files and llama.cpp have them.
+DEEPSEEK_CHAINS = rust_split_chains(Path(__file__).parent.parent / "src/tokenizer/split_chain.rs")
 
 EXTRA = [
     "12345", "3.14159", "2024-11-30", "x = 10**9 + 7", "Ⅻ ² ½ ٣ ๕", "version 1.2.3-rc4",
@@ -54,6 +60,10 @@ def hf_tokenizer_for_gguf(path):
     if pre == "smollm":
         hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in DEEPSEEK_CHAINS:
+        hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(p), "isolated") for p in DEEPSEEK_CHAINS[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     elif pre not in ("gpt-2", "default"):
         raise SystemExit(f"pre-tokenizer {pre!r}: not handled by this script")
     return hf

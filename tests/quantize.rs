@@ -222,6 +222,28 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
     let pre = GgufFile::open(&out).unwrap().get("tokenizer.ggml.pre").cloned();
     assert_eq!(pre, Some(MetaValue::String("smollm".into())));
+    // DeepSeek's chains of splits get llama.cpp's names, and the GGUF tokenizes as the folder.
+    use batch_forge::tokenizer::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, Tokenizer};
+    for (chain, name) in [
+        (&DEEPSEEK_LLM_SPLITS[..], "deepseek-llm"),
+        (&DEEPSEEK_CODER_SPLITS[..], "deepseek-coder"),
+        (&DEEPSEEK_V3_SPLITS[..], "deepseek-v3"),
+    ] {
+        let mut steps: Vec<Value> = chain
+            .iter()
+            .map(|p| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+            .collect();
+        steps.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+        t["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": steps});
+        std::fs::write(&tj, t.to_string()).unwrap();
+        let out = dir.path().join(format!("{name}.gguf"));
+        quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
+        let gguf = GgufFile::open(&out).unwrap();
+        assert_eq!(gguf.get("tokenizer.ggml.pre"), Some(&MetaValue::String(name.into())));
+        let text = "Hello world 12345 你好，世界！ x.y  \n\n  z ";
+        let ids = Tokenizer::from_gguf(&gguf).unwrap().encode(text);
+        assert_eq!(ids, Tokenizer::from_dir(&copy).unwrap().encode(text), "{name}");
+    }
     // Refused with a reason, never mislabelled: a pre-tokenizer without a known llama.cpp
     // name, a SentencePiece-style BPE, a config that does not match the tensors, and a
     // model_type with no GGUF layout here.

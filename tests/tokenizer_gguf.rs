@@ -205,8 +205,15 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         m
     };
     let without = |key: &str| tiny_meta().into_iter().filter(|(k, _)| *k != key).collect::<Vec<_>>();
-    // llama.cpp's names for Llama 3's, Qwen 2's, GPT-4o's and Tekken's patterns select them.
+    // llama.cpp's names for the patterns and chains select them.
     for (name, want) in [
+        ("phi-2", PreTokenizer::Gpt2),
+        ("starcoder", PreTokenizer::SmolLm),
+        ("dbrx", PreTokenizer::Llama3),
+        ("deepseek-llm", PreTokenizer::DeepSeekLlm),
+        ("deepseek-coder", PreTokenizer::DeepSeekCoder),
+        ("deepseek-v3", PreTokenizer::DeepSeekV3),
+        ("hunyuan-dense", PreTokenizer::DeepSeekV3),
         ("llama-bpe", PreTokenizer::Llama3),
         ("pixtral", PreTokenizer::Llama3),
         ("qwen2", PreTokenizer::Qwen2),
@@ -217,13 +224,20 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
     ] {
         assert_eq!(load(&with("tokenizer.ggml.pre", Meta::Str(name.into()))).unwrap().pre_tokenizer(), want);
     }
+    // Without add_bos_token, llama.cpp's default for the name decides (dbrx and smaug-bpe
+    // share Llama 3's pattern, not its default).
+    for (name, bos) in [("llama-bpe", Some(257)), ("tekken", Some(257)), ("dbrx", None), ("deepseek-v3", None)] {
+        let mut m = with("tokenizer.ggml.pre", Meta::Str(name.into()));
+        m.retain(|(k, _)| *k != "tokenizer.ggml.add_bos_token");
+        assert_eq!(load(&m).unwrap().bos_to_add(), bos, "{name}");
+    }
     for (meta, want) in [
         (with("tokenizer.ggml.model", Meta::Str("bert".into())), "\"bert\" is not supported"),
         // SentencePiece needs scores and token types.
         (with("tokenizer.ggml.model", Meta::Str("llama".into())), "no tokenizer.ggml.scores"),
         (
-            with("tokenizer.ggml.pre", Meta::Str("deepseek-llm".into())),
-            "\"deepseek-llm\" is not supported (supported: \"gpt-2\", \"smollm\", \"llama-bpe\"",
+            with("tokenizer.ggml.pre", Meta::Str("chameleon".into())),
+            "\"chameleon\" is not supported (supported: \"gpt-2\", \"phi-2\",",
         ),
         (with("tokenizer.ggml.pre", Meta::U32(3)), "tokenizer.ggml.pre is not a string"),
         (with("tokenizer.ggml.tokens", Meta::I32s(vec![1, 2])), "token 0 is not a string"),

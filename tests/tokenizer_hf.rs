@@ -296,3 +296,63 @@ fn gpt4o_and_tekken_pre_tokenizers_equal_hf() {
     assert_eq!(gpt4o_pieces("helloWorld DON'T", false).collect::<Vec<_>>(), ["hello", "World", " DON'T"]);
     assert_eq!(gpt4o_pieces("helloWorld DON'T", true).collect::<Vec<_>>(), ["hello", "World", " DON", "'T"]);
 }
+
+/// DeepSeek's chains of isolated regex splits (LLM, Coder, V3) split 1,111 texts (the
+/// pre-tokenizer fixtures' texts, CJK, kana, Hangul, full-width forms, exotic and trailing
+/// spaces, 400 random mixes) as HF tokenizers' `Sequence` of `Split`s does, and a byte-level
+/// `tokenizer.json` with the chain loads as that pre-tokenizer and gives HF's ids
+/// (tests/fixtures/pretokenizers-split-chain.jsonl, scripts/make_split_chain_fixture.py,
+/// which checks the chains against llama.cpp's).
+#[test]
+fn deepseek_split_chains_equal_hf() {
+    use batch_forge::tokenizer::{
+        DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, PreTokenizer, llama3_pieces, split_chain_pieces,
+    };
+    let rows = jsonl("pretokenizers-split-chain.jsonl");
+    assert_eq!(rows.len(), 1111);
+    let json = std::fs::read_to_string(fixture("tiny-llama/tokenizer.json")).unwrap();
+    let chains: [(&str, &[&str], PreTokenizer); 3] = [
+        ("deepseek-llm", &DEEPSEEK_LLM_SPLITS, PreTokenizer::DeepSeekLlm),
+        ("deepseek-coder", &DEEPSEEK_CODER_SPLITS, PreTokenizer::DeepSeekCoder),
+        ("deepseek-v3", &DEEPSEEK_V3_SPLITS, PreTokenizer::DeepSeekV3),
+    ];
+    for (name, chain, want_pre) in chains {
+        let mut root: Value = serde_json::from_str(&json).unwrap();
+        let mut steps: Vec<Value> = chain
+            .iter()
+            .map(|p| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
+            .collect();
+        steps.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+        root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": steps});
+        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+        assert_eq!(tok.pre_tokenizer(), want_pre);
+        let (mut with_ids, mut unlike_llama3) = (0, 0);
+        for row in &rows {
+            let text = row["text"].as_str().unwrap();
+            let want: Vec<&str> = row[name].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+            assert_eq!(split_chain_pieces(text, want_pre).unwrap(), want, "{name}: {text:?}");
+            if let Some(want_ids) = row.get(format!("{name}_ids")) {
+                assert_eq!(tok.encode(text), ids(want_ids), "{name}: {text:?}");
+                with_ids += 1;
+            }
+            unlike_llama3 += usize::from(llama3_pieces(text, 3).collect::<Vec<_>>() != want);
+        }
+        assert!(with_ids > 1000, "{name}: {with_ids} texts with ids");
+        assert!(unlike_llama3 > 300, "{name}: {unlike_llama3} texts split unlike Llama 3");
+        // A chain written with `\r` and `\n` escapes for the characters loads the same.
+        let mut escaped = root.clone();
+        for step in escaped["pre_tokenizer"]["pretokenizers"].as_array_mut().unwrap() {
+            if let Some(p) = step["pattern"]["Regex"].as_str() {
+                step["pattern"]["Regex"] = p.replace('\r', "\\r").replace('\n', "\\n").into();
+            }
+        }
+        assert_ne!(escaped, root);
+        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &escaped.to_string()).unwrap();
+        assert_eq!(tok.pre_tokenizer(), want_pre);
+        // A chain with a split changed is refused by name.
+        root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::json!("\\s+");
+        let err = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).err().unwrap();
+        assert!(err.to_string().contains("is not supported"), "{err}");
+    }
+    assert_eq!(split_chain_pieces("x", PreTokenizer::Llama3), None);
+}

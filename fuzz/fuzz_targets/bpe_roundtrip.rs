@@ -1,6 +1,7 @@
 //! GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
 //! encode → decode (with and without special-token matching), every id is in range,
-//! and encoding finishes in bounded time (libFuzzer's -timeout).
+//! encoding finishes in bounded time (libFuzzer's -timeout), and DeepSeek's chains of
+//! splits tile the text.
 #![no_main]
 
 #[path = "../checks.rs"]

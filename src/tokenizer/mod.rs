@@ -3,9 +3,9 @@
 //!
 //! Loads HF `tokenizer.json`, the original `vocab.json` + `merges.txt`, or the
 //! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2` or `llama`). Byte-level
-//! encoding is pre-tokenize ([`pretokenize`]; GPT-2's pattern, or llama.cpp's `smollm`:
-//! every number character alone first) → bytes → BPE merges by rank, with a per-word
-//! cache. SentencePiece encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
+//! encoding is pre-tokenize ([`pretokenize`]: GPT-2's, Llama 3's, Qwen 2's, GPT-4o's and
+//! Tekken's patterns, llama.cpp's `smollm`; [`split_chain`]: DeepSeek's chains of splits)
+//! → bytes → BPE merges by rank, with a per-word cache. SentencePiece encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
 //! Special tokens (`<|endoftext|>`) are matched in the text only when asked
 //! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does; tokens
 //! a vocabulary marks user-defined and not special (Gemma's `\n\n`, `<h1>`) are matched always,
@@ -14,12 +14,14 @@
 mod byte_level;
 mod hf_json;
 mod pretokenize;
+mod split_chain;
 mod spm;
 mod stream;
 
 pub use pretokenize::{
     GPT4O_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, TEKKEN_PATTERN, gpt4o_pieces, llama3_pieces, pre_tokenize,
 };
+pub use split_chain::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, split_chain_pieces};
 pub use stream::StreamDecoder;
 
 use std::cmp::Reverse;
@@ -64,16 +66,47 @@ pub enum PreTokenizer {
     /// Mistral's Tekken ([`TEKKEN_PATTERN`]: GPT-4o's without contractions, every digit
     /// alone); llama.cpp's `tekken`.
     Tekken,
+    /// DeepSeek LLM's chain of splits ([`DEEPSEEK_LLM_SPLITS`]: newlines, listed letters
+    /// and punctuation with one leading space, trailing space, CJK runs, number runs);
+    /// llama.cpp's `deepseek-llm`.
+    DeepSeekLlm,
+    /// DeepSeek Coder's ([`DEEPSEEK_CODER_SPLITS`]: newlines, letters and punctuation with
+    /// one leading space, CJK runs, every digit alone); llama.cpp's `deepseek-coder`.
+    DeepSeekCoder,
+    /// DeepSeek V3's and R1's ([`DEEPSEEK_V3_SPLITS`]: numbers in threes, CJK and kana
+    /// runs, then letters with marks, punctuation with symbols); llama.cpp's `deepseek-v3`.
+    DeepSeekV3,
 }
 
 impl PreTokenizer {
-    /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs.
-    /// Names llama.cpp gives the same pattern and BOS default are all here. (A word that
-    /// is a whole vocabulary token is that token for every pre-tokenizer here; llama.cpp
-    /// sets `ignore_merges` for some names only.)
-    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 22] = [
+    /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs: every name llama.cpp
+    /// gives one of these patterns. (A word that is a whole vocabulary token is that token
+    /// for every pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 56] = [
         ("gpt-2", PreTokenizer::Gpt2),
+        ("phi-2", PreTokenizer::Gpt2),
+        ("jina-es", PreTokenizer::Gpt2),
+        ("jina-de", PreTokenizer::Gpt2),
+        ("gigachat", PreTokenizer::Gpt2),
+        ("jina-v2-es", PreTokenizer::Gpt2),
+        ("jina-v2-de", PreTokenizer::Gpt2),
+        ("a.x-4.0", PreTokenizer::Gpt2),
+        ("mellum", PreTokenizer::Gpt2),
+        ("modern-bert", PreTokenizer::Gpt2),
+        ("mpt", PreTokenizer::Gpt2),
+        ("olmo", PreTokenizer::Gpt2),
+        ("jais", PreTokenizer::Gpt2),
+        ("trillion", PreTokenizer::Gpt2),
+        ("granite-docling", PreTokenizer::Gpt2),
+        ("exaone4", PreTokenizer::Gpt2),
         ("smollm", PreTokenizer::SmolLm),
+        ("starcoder", PreTokenizer::SmolLm),
+        ("refact", PreTokenizer::SmolLm),
+        ("command-r", PreTokenizer::SmolLm),
+        ("codeshell", PreTokenizer::SmolLm),
+        ("exaone", PreTokenizer::SmolLm),
+        ("minerva-7b", PreTokenizer::SmolLm),
+        ("mellum2", PreTokenizer::SmolLm),
         ("llama-bpe", PreTokenizer::Llama3),
         ("llama3", PreTokenizer::Llama3),
         ("llama-v3", PreTokenizer::Llama3),
@@ -83,17 +116,44 @@ impl PreTokenizer {
         ("midm-2.0", PreTokenizer::Llama3),
         ("lfm2", PreTokenizer::Llama3),
         ("jina-v5-nano", PreTokenizer::Llama3),
+        ("dbrx", PreTokenizer::Llama3),
+        ("smaug-bpe", PreTokenizer::Llama3),
         ("qwen2", PreTokenizer::Qwen2),
         ("deepseek-r1-qwen", PreTokenizer::Qwen2),
         ("kormo", PreTokenizer::Qwen2),
         ("f2llmv2", PreTokenizer::Qwen2),
         ("megrez", PreTokenizer::Qwen2),
+        ("stablelm2", PreTokenizer::Qwen2),
+        ("hunyuan", PreTokenizer::Qwen2),
+        ("solar-open", PreTokenizer::Qwen2),
+        ("grok-2", PreTokenizer::Qwen2),
         ("gpt-4o", PreTokenizer::Gpt4o),
         ("llama4", PreTokenizer::Gpt4o),
         ("kanana2", PreTokenizer::Gpt4o),
         ("talkie", PreTokenizer::Gpt4o),
         ("minimax-m2", PreTokenizer::Gpt4o),
         ("tekken", PreTokenizer::Tekken),
+        ("deepseek-llm", PreTokenizer::DeepSeekLlm),
+        ("deepseek-coder", PreTokenizer::DeepSeekCoder),
+        ("deepseek-v3", PreTokenizer::DeepSeekV3),
+        ("hunyuan-dense", PreTokenizer::DeepSeekV3),
+        ("joyai-llm", PreTokenizer::DeepSeekV3),
+        ("hy_v4", PreTokenizer::DeepSeekV3),
+    ];
+
+    /// The [`Self::GGUF_NAMES`] for which llama.cpp adds BOS when the file does not say
+    /// (`add_bos = true` in `llama_vocab::load`); for the others it does not.
+    pub const GGUF_NAMES_ADDING_BOS: [&'static str; 10] = [
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+        "tekken",
     ];
 
     /// The name llama.cpp's converter writes for this pre-tokenizer.
@@ -105,6 +165,9 @@ impl PreTokenizer {
             PreTokenizer::Qwen2 => "qwen2",
             PreTokenizer::Gpt4o => "gpt-4o",
             PreTokenizer::Tekken => "tekken",
+            PreTokenizer::DeepSeekLlm => "deepseek-llm",
+            PreTokenizer::DeepSeekCoder => "deepseek-coder",
+            PreTokenizer::DeepSeekV3 => "deepseek-v3",
         }
     }
 
@@ -217,8 +280,8 @@ fn bos_of_post_processor(post: &Value) -> Option<u32> {
 
 /// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
 /// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
-/// Llama 3's, Qwen 2's, GPT-4o's and Tekken's `Split` (their pattern, isolated) +
-/// `ByteLevel` without a pattern.
+/// Llama 3's, Qwen 2's, GPT-4o's and Tekken's `Split` (their pattern, isolated) or
+/// DeepSeek's chains of them + `ByteLevel` without a pattern.
 pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
     let byte_level = |v: &Value, use_regex: bool| {
         v["type"] == "ByteLevel"
@@ -235,19 +298,30 @@ pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
         [digits, bl] if digits["type"] == "Digits" && digits["individual_digits"] == true && byte_level(bl, true) => {
             Some(PreTokenizer::SmolLm)
         }
-        [split, bl]
-            if split["type"] == "Split"
-                && split["behavior"] == "Isolated"
-                && split["invert"] != true
-                && byte_level(bl, false) =>
-        {
-            match split["pattern"]["Regex"].as_str()? {
-                LLAMA3_PATTERN => Some(PreTokenizer::Llama3),
-                QWEN2_PATTERN => Some(PreTokenizer::Qwen2),
-                GPT4O_PATTERN => Some(PreTokenizer::Gpt4o),
-                TEKKEN_PATTERN => Some(PreTokenizer::Tekken),
-                _ => None,
-            }
+        [splits @ .., bl] if !splits.is_empty() && byte_level(bl, false) => {
+            // A regex's `\r` and `\n` escapes match what the characters themselves do.
+            let plain = |p: &str| p.replace("\\r", "\r").replace("\\n", "\n");
+            let isolated = |v: &Value| {
+                (v["type"] == "Split" && v["behavior"] == "Isolated" && v["invert"] != true)
+                    .then(|| v["pattern"]["Regex"].as_str())
+                    .flatten()
+                    .map(plain)
+            };
+            let patterns = splits.iter().map(isolated).collect::<Option<Vec<String>>>()?;
+            let is = |chain: &[&str]| {
+                patterns.len() == chain.len() && patterns.iter().zip(chain).all(|(p, c)| *p == plain(c))
+            };
+            [
+                (&[LLAMA3_PATTERN][..], PreTokenizer::Llama3),
+                (&[QWEN2_PATTERN], PreTokenizer::Qwen2),
+                (&[GPT4O_PATTERN], PreTokenizer::Gpt4o),
+                (&[TEKKEN_PATTERN], PreTokenizer::Tekken),
+                (&DEEPSEEK_LLM_SPLITS, PreTokenizer::DeepSeekLlm),
+                (&DEEPSEEK_CODER_SPLITS, PreTokenizer::DeepSeekCoder),
+                (&DEEPSEEK_V3_SPLITS, PreTokenizer::DeepSeekV3),
+            ]
+            .into_iter()
+            .find_map(|(chain, pre)| is(chain).then_some(pre))
         }
         _ => None,
     }
@@ -344,8 +418,8 @@ impl Tokenizer {
                         path,
                         format!(
                             "{e} (supported pre-tokenizers: ByteLevel with GPT-2's pattern; Digits(individual_digits) \
-                             then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, GPT-4o's or Tekken's pattern then ByteLevel \
-                             without its pattern; for character-level vocabularies none, Metaspace, Split on a \
+                             then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, GPT-4o's or Tekken's pattern, or \
+                             DeepSeek LLM's, Coder's or V3's chain of Splits, then ByteLevel without its pattern; for character-level vocabularies none, Metaspace, Split on a \
                              string, or a Sequence of them)"
                         ),
                     )
@@ -564,7 +638,7 @@ impl Tokenizer {
                 )));
             }
         }
-        let pre = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
+        let (pre_name, pre) = match g.get("tokenizer.ggml.pre").map(|v| v.as_str()) {
             None => {
                 return Err(err(format!(
                     "no tokenizer.ggml.pre: llama.cpp then uses its \"default\" pattern, which is not \
@@ -573,7 +647,7 @@ impl Tokenizer {
                 )));
             }
             Some(Some(name)) => match PreTokenizer::GGUF_NAMES.iter().find(|(n, _)| *n == name) {
-                Some(&(_, p)) => p,
+                Some(&(n, p)) => (n, p),
                 None => {
                     return Err(err(format!(
                         "tokenizer.ggml.pre = {name:?} is not supported (supported: {})",
@@ -619,9 +693,8 @@ impl Tokenizer {
         }
         let mut tok = Self::build(path, vocab, merges, specials, may_lack_byte)?;
         tok.pre = pre;
-        // llama.cpp's default for Llama 3's and Tekken's vocabularies is to add BOS; for
-        // the others not.
-        tok.set_bos_eos_from_gguf(g, tokens.len(), matches!(pre, PreTokenizer::Llama3 | PreTokenizer::Tekken))?;
+        let default_bos = PreTokenizer::GGUF_NAMES_ADDING_BOS.contains(&pre_name);
+        tok.set_bos_eos_from_gguf(g, tokens.len(), default_bos)?;
         Ok(tok)
     }
 
@@ -888,6 +961,10 @@ impl Tokenizer {
                 for piece in gpt4o_pieces(text, self.pre == PreTokenizer::Tekken) {
                     self.encode_word(piece, out);
                 }
+            }
+            PreTokenizer::DeepSeekLlm | PreTokenizer::DeepSeekCoder | PreTokenizer::DeepSeekV3 => {
+                let chain = split_chain::chain_of(self.pre).unwrap_or_default();
+                split_chain::for_each_piece(text, chain, &mut |piece| self.encode_word(piece, out));
             }
             PreTokenizer::SmolLm => {
                 // Every number character is a word; GPT-2's pattern splits the text between.

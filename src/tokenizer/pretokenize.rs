@@ -41,6 +41,16 @@ fn class_of(c: char) -> Class {
     }
 }
 
+/// Whether `c` is a letter (`\p{L}`).
+pub(crate) fn is_letter(c: char) -> bool {
+    class_of(c) == Class::Letter
+}
+
+/// Whether `c` is whitespace (`\s`: Unicode's `White_Space`).
+pub(crate) fn is_space(c: char) -> bool {
+    class_of(c) == Class::Space
+}
+
 /// Whether `c` is a number character (`\p{N}`: decimal digits, letter numbers such as
 /// Roman numerals, other numbers such as `²` or `½`).
 pub(crate) fn is_number(c: char) -> bool {
@@ -203,7 +213,14 @@ fn tail_len(rest: &str, max_digits: usize, trailing: &[u8]) -> usize {
         let end = run(body, Class::Other);
         return end + rest[end..].bytes().take_while(|b| trailing.contains(b)).count();
     }
-    let end = run(0, Class::Space);
+    space_len(rest)
+}
+
+/// The whitespace alternatives `\s*[\r\n]+|\s+(?!\S)|\s+` at the start of `rest`: to the
+/// last CR or LF of its whitespace run; else the run, less its last character when a
+/// non-space follows and the run is longer than one. 0 if `rest` starts with no whitespace.
+pub(crate) fn space_len(rest: &str) -> usize {
+    let end = rest.char_indices().find(|&(_, c)| class_of(c) != Class::Space).map_or(rest.len(), |(i, _)| i);
     if let Some(nl) = rest[..end].rfind(['\r', '\n']) {
         return nl + 1;
     }
