@@ -4,10 +4,14 @@
   python3 scripts/make_split_chain_fixture.py [--llama-vocab-cpp PATH] \\
       > tests/fixtures/pretokenizers-split-chain.jsonl
 
-One {"text", "deepseek-llm": [pieces], "deepseek-llm_ids", "deepseek-coder": …, "deepseek-v3": …}
-per line: `pre_tokenizers.Sequence([Split(Regex(P), "isolated") for P in chain])`, the chains
-as written in src/tokenizer/split_chain.rs (with --llama-vocab-cpp, checked equal to the
-`regex_exprs` of llama.cpp's src/llama-vocab.cpp for the same names), on the texts of
+One {"text", "deepseek-llm": [pieces], "deepseek-llm_ids", "deepseek-llm-digits": …,
+"deepseek-coder": …, "deepseek-v3": …} per line: `pre_tokenizers.Sequence([Split(Regex(P),
+"isolated") for P in chain])`, the chains as written in src/tokenizer/split_chain.rs (with
+--llama-vocab-cpp, checked equal to the `regex_exprs` of llama.cpp's src/llama-vocab.cpp for the
+same names); as DeepSeek LLM's and Coder's own tokenizer.json files have them, their last step
+is `Digits(individual_digits=True)` ("deepseek-llm-digits", "deepseek-coder"; the script checks
+that Coder's equals its `Split("\\p{N}")` and LLM's `Digits(individual_digits=False)` its
+`Split("\\p{N}+")`, piece for piece), on the texts of
 tests/fixtures/pretokenizers.jsonl and tests/fixtures/pretokenizers-case-split.jsonl, texts in
 the scripts and spaces these chains single out (CJK, kana, Hangul, U+0800–U+4E00, full-width
 forms, U+3000, quotation marks, exotic spaces, trailing spaces) and 400 seeded random mixes of
@@ -65,8 +69,17 @@ def llama_cpp_chains(path):
             for name, c in cases.items()}
 
 
-def chain_splitter(chain):
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(p), "isolated") for p in chain])
+def splits(chain):
+    return [pre_tokenizers.Split(Regex(p), "isolated") for p in chain]
+
+
+def pipelines(chains):
+    """{fixture key: pre-tokenizer steps}, DeepSeek LLM's and Coder's ending as their files do."""
+    digits = pre_tokenizers.Digits(individual_digits=True)
+    return {"deepseek-llm": splits(chains["deepseek-llm"]),
+            "deepseek-llm-digits": splits(chains["deepseek-llm"][:-1]) + [digits],
+            "deepseek-coder": splits(chains["deepseek-coder"][:-1]) + [digits],
+            "deepseek-v3": splits(chains["deepseek-v3"])}
 
 
 POOL = (list("aZ xy Q") + list("0123456789") + list(" \t\r\n  ") + list(".,;:!?'\"()[]{}<>/\\-_=+*&^%$#@~`|")
@@ -110,15 +123,20 @@ def main():
         texts += [json.loads(line)["text"] for line in open(f, encoding="utf-8")]
     texts += EXTRA + random_texts(400)
     texts = list(dict.fromkeys(texts))
-    splitters = {n: chain_splitter(c) for n, c in chains.items()}
+    steps = pipelines(chains)
+    splitters = {n: pre_tokenizers.Sequence(s) for n, s in steps.items()}
+    same = {"deepseek-coder": pre_tokenizers.Sequence(splits(chains["deepseek-coder"])),
+            "deepseek-llm": pre_tokenizers.Sequence(
+                splits(chains["deepseek-llm"][:-1]) + [pre_tokenizers.Digits(individual_digits=False)])}
     bpe = {}
-    for n, chain in chains.items():
+    for n, s in steps.items():
         tok = Tokenizer.from_file("tests/fixtures/tiny-llama/tokenizer.json")
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(p), "isolated") for p in chain]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(s + [pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                   use_regex=False)])
         bpe[n] = tok
     for t in texts:
+        for n, sp in same.items():
+            assert sp.pre_tokenize_str(t) == splitters[n].pre_tokenize_str(t), (n, t)
         row = {"text": t}
         for n, sp in splitters.items():
             row[n] = [piece for piece, _ in sp.pre_tokenize_str(t)]

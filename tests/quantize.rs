@@ -222,17 +222,20 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
     let pre = GgufFile::open(&out).unwrap().get("tokenizer.ggml.pre").cloned();
     assert_eq!(pre, Some(MetaValue::String("smollm".into())));
-    // DeepSeek's chains of splits get llama.cpp's names, and the GGUF tokenizes as the folder.
+    // DeepSeek's chains of splits, as their own files have them (LLM's and Coder's end in
+    // HF's Digits), get llama.cpp's names, and the GGUF tokenizes as the folder does.
     use batch_forge::tokenizer::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, Tokenizer};
-    for (chain, name) in [
-        (&DEEPSEEK_LLM_SPLITS[..], "deepseek-llm"),
-        (&DEEPSEEK_CODER_SPLITS[..], "deepseek-coder"),
-        (&DEEPSEEK_V3_SPLITS[..], "deepseek-v3"),
+    let digits = serde_json::json!({"type": "Digits", "individual_digits": true});
+    for (chain, last, name) in [
+        (&DEEPSEEK_LLM_SPLITS[..5], Some(digits.clone()), "deepseek-llm"),
+        (&DEEPSEEK_CODER_SPLITS[..4], Some(digits), "deepseek-coder"),
+        (&DEEPSEEK_V3_SPLITS[..], None, "deepseek-v3"),
     ] {
         let mut steps: Vec<Value> = chain
             .iter()
             .map(|p| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
             .collect();
+        steps.extend(last);
         steps.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
         t["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": steps});
         std::fs::write(&tj, t.to_string()).unwrap();

@@ -255,7 +255,7 @@ fn sentencepiece_style_and_nfc_pipelines_equal_hf() {
 }
 
 /// GPT-4o's and Tekken's pre-tokenizer patterns (words split where lower case turns to
-/// upper, marks and modifier letters in both cases) split 707 texts as HF tokenizers'
+/// upper, marks and modifier letters in both cases) split 1,110 texts as HF tokenizers'
 /// `Split(Regex, "isolated")` does, and a byte-level `tokenizer.json` with either pipeline
 /// loads as that pre-tokenizer and gives HF's ids (tests/fixtures/pretokenizers-case-split.jsonl,
 /// scripts/make_case_split_fixture.py, which checks the patterns against transformers').
@@ -263,7 +263,7 @@ fn sentencepiece_style_and_nfc_pipelines_equal_hf() {
 fn gpt4o_and_tekken_pre_tokenizers_equal_hf() {
     use batch_forge::tokenizer::{GPT4O_PATTERN, PreTokenizer, TEKKEN_PATTERN, gpt4o_pieces};
     let rows = jsonl("pretokenizers-case-split.jsonl");
-    assert_eq!(rows.len(), 707);
+    assert_eq!(rows.len(), 1110);
     let json = std::fs::read_to_string(fixture("tiny-llama/tokenizer.json")).unwrap();
     for (name, tekken, pattern, want_pre) in
         [("gpt4o", false, GPT4O_PATTERN, PreTokenizer::Gpt4o), ("tekken", true, TEKKEN_PATTERN, PreTokenizer::Tekken)]
@@ -290,17 +290,48 @@ fn gpt4o_and_tekken_pre_tokenizers_equal_hf() {
                     && w[1].chars().next().is_some_and(char::is_uppercase)
             }));
         }
-        assert!(with_ids > 400, "{name}: {with_ids} texts with ids");
+        assert!(with_ids > 800, "{name}: {with_ids} texts with ids");
         assert!(case_splits > 3, "{name}: {case_splits} texts split at a case change");
     }
     assert_eq!(gpt4o_pieces("helloWorld DON'T", false).collect::<Vec<_>>(), ["hello", "World", " DON'T"]);
     assert_eq!(gpt4o_pieces("helloWorld DON'T", true).collect::<Vec<_>>(), ["hello", "World", " DON", "'T"]);
 }
 
-/// DeepSeek's chains of isolated regex splits (LLM, Coder, V3) split 1,111 texts (the
-/// pre-tokenizer fixtures' texts, CJK, kana, Hangul, full-width forms, exotic and trailing
-/// spaces, 400 random mixes) as HF tokenizers' `Sequence` of `Split`s does, and a byte-level
-/// `tokenizer.json` with the chain loads as that pre-tokenizer and gives HF's ids
+/// Qwen 3.5's pattern (Qwen 2's with marks in words) splits the same 1,110 texts as HF
+/// tokenizers does, and a byte-level `tokenizer.json` with it loads as `qwen35` and gives
+/// HF's ids (tests/fixtures/pretokenizers-case-split.jsonl, whose script checks the
+/// pattern against transformers').
+#[test]
+fn qwen35_pre_tokenizer_equals_hf() {
+    use batch_forge::tokenizer::{PreTokenizer, QWEN35_PATTERN, llama3_pieces, qwen35_pieces};
+    let rows = jsonl("pretokenizers-case-split.jsonl");
+    let json = std::fs::read_to_string(fixture("tiny-llama/tokenizer.json")).unwrap();
+    let mut root: Value = serde_json::from_str(&json).unwrap();
+    root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN35_PATTERN}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]});
+    let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+    assert_eq!(tok.pre_tokenizer(), PreTokenizer::Qwen35);
+    let (mut with_ids, mut unlike_qwen2) = (0, 0);
+    for row in &rows {
+        let text = row["text"].as_str().unwrap();
+        let want: Vec<&str> = row["qwen35"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        assert_eq!(qwen35_pieces(text).collect::<Vec<_>>(), want, "{text:?}");
+        if let Some(want_ids) = row.get("qwen35_ids") {
+            assert_eq!(tok.encode(text), ids(want_ids), "{text:?}");
+            with_ids += 1;
+        }
+        unlike_qwen2 += usize::from(llama3_pieces(text, 1).collect::<Vec<_>>() != want);
+    }
+    assert!(with_ids > 800, "{with_ids} texts with ids");
+    assert!(unlike_qwen2 > 100, "{unlike_qwen2} texts split unlike Qwen 2");
+}
+
+/// DeepSeek's chains of isolated regex splits (LLM, Coder, V3, and LLM's and Coder's as
+/// their own files end them, with HF's `Digits`) split 1,114 texts (the pre-tokenizer
+/// fixtures' texts, CJK, kana, Hangul, full-width forms, exotic and trailing spaces, 400
+/// random mixes) as HF tokenizers' `Sequence` does, and a byte-level `tokenizer.json` with
+/// the chain loads as that pre-tokenizer and gives HF's ids
 /// (tests/fixtures/pretokenizers-split-chain.jsonl, scripts/make_split_chain_fixture.py,
 /// which checks the chains against llama.cpp's).
 #[test]
@@ -309,23 +340,46 @@ fn deepseek_split_chains_equal_hf() {
         DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, PreTokenizer, llama3_pieces, split_chain_pieces,
     };
     let rows = jsonl("pretokenizers-split-chain.jsonl");
-    assert_eq!(rows.len(), 1111);
+    assert_eq!(rows.len(), 1114);
     let json = std::fs::read_to_string(fixture("tiny-llama/tokenizer.json")).unwrap();
-    let chains: [(&str, &[&str], PreTokenizer); 3] = [
-        ("deepseek-llm", &DEEPSEEK_LLM_SPLITS, PreTokenizer::DeepSeekLlm),
-        ("deepseek-coder", &DEEPSEEK_CODER_SPLITS, PreTokenizer::DeepSeekCoder),
-        ("deepseek-v3", &DEEPSEEK_V3_SPLITS, PreTokenizer::DeepSeekV3),
+    let split = |p: &&str| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false});
+    let digits = |individual: bool| serde_json::json!({"type": "Digits", "individual_digits": individual});
+    let steps = |chain: &[&str], last: Option<Value>| -> Vec<Value> {
+        let mut v: Vec<Value> = chain.iter().map(split).collect();
+        v.extend(last);
+        v
+    };
+    let (llm, coder) = (&DEEPSEEK_LLM_SPLITS[..5], &DEEPSEEK_CODER_SPLITS[..4]);
+    // (fixture key, pipeline as the fixture ran it, the same in another form, what loads)
+    let cases = [
+        ("deepseek-llm", steps(&DEEPSEEK_LLM_SPLITS, None), steps(llm, Some(digits(false))), PreTokenizer::DeepSeekLlm),
+        (
+            "deepseek-llm-digits",
+            steps(llm, Some(digits(true))),
+            steps(llm, Some(split(&"\\p{N}"))),
+            PreTokenizer::DeepSeekLlmDigits,
+        ),
+        (
+            "deepseek-coder",
+            steps(coder, Some(digits(true))),
+            steps(&DEEPSEEK_CODER_SPLITS, None),
+            PreTokenizer::DeepSeekCoder,
+        ),
+        ("deepseek-v3", steps(&DEEPSEEK_V3_SPLITS, None), steps(&DEEPSEEK_V3_SPLITS, None), PreTokenizer::DeepSeekV3),
     ];
-    for (name, chain, want_pre) in chains {
+    let with_pre = |pipeline: &[Value]| {
         let mut root: Value = serde_json::from_str(&json).unwrap();
-        let mut steps: Vec<Value> = chain
-            .iter()
-            .map(|p| serde_json::json!({"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": false}))
-            .collect();
-        steps.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
-        root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": steps});
-        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).unwrap();
+        let mut p = pipeline.to_vec();
+        p.push(serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}));
+        root["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": p});
+        root
+    };
+    let load = |root: &Value| Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string());
+    for (name, pipeline, other_form, want_pre) in cases {
+        let root = with_pre(&pipeline);
+        let tok = load(&root).unwrap();
         assert_eq!(tok.pre_tokenizer(), want_pre);
+        assert_eq!(load(&with_pre(&other_form)).unwrap().pre_tokenizer(), want_pre, "{name}: other form");
         let (mut with_ids, mut unlike_llama3) = (0, 0);
         for row in &rows {
             let text = row["text"].as_str().unwrap();
@@ -347,12 +401,15 @@ fn deepseek_split_chains_equal_hf() {
             }
         }
         assert_ne!(escaped, root);
-        let tok = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &escaped.to_string()).unwrap();
-        assert_eq!(tok.pre_tokenizer(), want_pre);
+        assert_eq!(load(&escaped).unwrap().pre_tokenizer(), want_pre);
         // A chain with a split changed is refused by name.
-        root["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::json!("\\s+");
-        let err = Tokenizer::parse_tokenizer_json(std::path::Path::new("t.json"), &root.to_string()).err().unwrap();
-        assert!(err.to_string().contains("is not supported"), "{err}");
+        let mut changed = root.clone();
+        changed["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = serde_json::json!("\\s+");
+        assert!(load(&changed).err().unwrap().to_string().contains("is not supported"));
     }
+    // LLM's two endings split numbers differently.
+    let pieces = |pre| split_chain_pieces("x 2024", pre).unwrap();
+    assert_eq!(pieces(PreTokenizer::DeepSeekLlm), ["x", " ", "2024"]);
+    assert_eq!(pieces(PreTokenizer::DeepSeekLlmDigits), ["x", " ", "2", "0", "2", "4"]);
     assert_eq!(split_chain_pieces("x", PreTokenizer::Llama3), None);
 }

@@ -3,9 +3,10 @@
 //!
 //! Loads HF `tokenizer.json`, the original `vocab.json` + `merges.txt`, or the
 //! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2` or `llama`). Byte-level
-//! encoding is pre-tokenize ([`pretokenize`]: GPT-2's, Llama 3's, Qwen 2's, GPT-4o's and
-//! Tekken's patterns, llama.cpp's `smollm`; [`split_chain`]: DeepSeek's chains of splits)
-//! → bytes → BPE merges by rank, with a per-word cache. SentencePiece encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
+//! encoding is pre-tokenize ([`pretokenize`]: GPT-2's, Llama 3's, Qwen 2's and 3.5's,
+//! GPT-4o's and Tekken's patterns, llama.cpp's `smollm`; [`split_chain`]: DeepSeek's
+//! chains of splits) → bytes → BPE merges by rank, with a per-word cache. SentencePiece
+//! encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
 //! Special tokens (`<|endoftext|>`) are matched in the text only when asked
 //! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does; tokens
 //! a vocabulary marks user-defined and not special (Gemma's `\n\n`, `<h1>`) are matched always,
@@ -19,7 +20,8 @@ mod spm;
 mod stream;
 
 pub use pretokenize::{
-    GPT4O_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, TEKKEN_PATTERN, gpt4o_pieces, llama3_pieces, pre_tokenize,
+    GPT4O_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN, TEKKEN_PATTERN, gpt4o_pieces, llama3_pieces,
+    pre_tokenize, qwen35_pieces,
 };
 pub use split_chain::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, split_chain_pieces};
 pub use stream::StreamDecoder;
@@ -60,6 +62,9 @@ pub enum PreTokenizer {
     Llama3,
     /// Qwen 2's: Llama 3's with every digit alone ([`QWEN2_PATTERN`]); llama.cpp's `qwen2`.
     Qwen2,
+    /// Qwen 3.5's: Qwen 2's with marks in words, not in punctuation runs
+    /// ([`QWEN35_PATTERN`]); llama.cpp's `qwen35`.
+    Qwen35,
     /// GPT-4o's ([`GPT4O_PATTERN`]: words split where lower case turns to upper, with
     /// their contractions; numbers in threes); llama.cpp's `gpt-4o`, `llama4`.
     Gpt4o,
@@ -70,6 +75,11 @@ pub enum PreTokenizer {
     /// and punctuation with one leading space, trailing space, CJK runs, number runs);
     /// llama.cpp's `deepseek-llm`.
     DeepSeekLlm,
+    /// DeepSeek LLM's own `tokenizer.json`: the same chain with every digit alone (its
+    /// last step is HF's `Digits(individual_digits)`, where llama.cpp's has number runs;
+    /// the two give the same ids on a vocabulary with no token of two digits).
+    /// `forge quantize` names it `deepseek-llm`, as `convert_hf_to_gguf.py` does.
+    DeepSeekLlmDigits,
     /// DeepSeek Coder's ([`DEEPSEEK_CODER_SPLITS`]: newlines, letters and punctuation with
     /// one leading space, CJK runs, every digit alone); llama.cpp's `deepseek-coder`.
     DeepSeekCoder,
@@ -80,16 +90,16 @@ pub enum PreTokenizer {
 
 impl PreTokenizer {
     /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs: every name llama.cpp
-    /// gives one of these patterns. (A word that is a whole vocabulary token is that token
-    /// for every pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
-    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 56] = [
+    /// gives one of these patterns with no other special-token rule (not `jina-v1-en`,
+    /// `jina-v2-code` or `roberta-bpe`, which add a separator token, `jina-v2-es` or
+    /// `jina-v2-de`, which strip before `<mask>`, nor `chatglm-bpe`, `glm4` or `glm5`). (A word that is a whole vocabulary token is that token for every
+    /// pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 55] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("phi-2", PreTokenizer::Gpt2),
         ("jina-es", PreTokenizer::Gpt2),
         ("jina-de", PreTokenizer::Gpt2),
         ("gigachat", PreTokenizer::Gpt2),
-        ("jina-v2-es", PreTokenizer::Gpt2),
-        ("jina-v2-de", PreTokenizer::Gpt2),
         ("a.x-4.0", PreTokenizer::Gpt2),
         ("mellum", PreTokenizer::Gpt2),
         ("modern-bert", PreTokenizer::Gpt2),
@@ -127,6 +137,7 @@ impl PreTokenizer {
         ("hunyuan", PreTokenizer::Qwen2),
         ("solar-open", PreTokenizer::Qwen2),
         ("grok-2", PreTokenizer::Qwen2),
+        ("qwen35", PreTokenizer::Qwen35),
         ("gpt-4o", PreTokenizer::Gpt4o),
         ("llama4", PreTokenizer::Gpt4o),
         ("kanana2", PreTokenizer::Gpt4o),
@@ -163,9 +174,10 @@ impl PreTokenizer {
             PreTokenizer::SmolLm => "smollm",
             PreTokenizer::Llama3 => "llama-bpe",
             PreTokenizer::Qwen2 => "qwen2",
+            PreTokenizer::Qwen35 => "qwen35",
             PreTokenizer::Gpt4o => "gpt-4o",
             PreTokenizer::Tekken => "tekken",
-            PreTokenizer::DeepSeekLlm => "deepseek-llm",
+            PreTokenizer::DeepSeekLlm | PreTokenizer::DeepSeekLlmDigits => "deepseek-llm",
             PreTokenizer::DeepSeekCoder => "deepseek-coder",
             PreTokenizer::DeepSeekV3 => "deepseek-v3",
         }
@@ -280,8 +292,9 @@ fn bos_of_post_processor(post: &Value) -> Option<u32> {
 
 /// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
 /// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
-/// Llama 3's, Qwen 2's, GPT-4o's and Tekken's `Split` (their pattern, isolated) or
-/// DeepSeek's chains of them + `ByteLevel` without a pattern.
+/// Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's and Tekken's `Split` (their pattern, isolated) or
+/// DeepSeek's chains of them (LLM's and Coder's may end in HF's `Digits`, which is a split on
+/// `\p{N}` or `\p{N}+`) + `ByteLevel` without a pattern.
 pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
     let byte_level = |v: &Value, use_regex: bool| {
         v["type"] == "ByteLevel"
@@ -302,21 +315,29 @@ pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
             // A regex's `\r` and `\n` escapes match what the characters themselves do.
             let plain = |p: &str| p.replace("\\r", "\r").replace("\\n", "\n");
             let isolated = |v: &Value| {
+                if v["type"] == "Digits" {
+                    // HF splits off `char::is_numeric` (`\p{N}`) characters: alone or in runs.
+                    return Some(if v["individual_digits"] == true { "\\p{N}" } else { "\\p{N}+" }.to_owned());
+                }
                 (v["type"] == "Split" && v["behavior"] == "Isolated" && v["invert"] != true)
                     .then(|| v["pattern"]["Regex"].as_str())
                     .flatten()
                     .map(plain)
             };
             let patterns = splits.iter().map(isolated).collect::<Option<Vec<String>>>()?;
+            let mut llm_digits = DEEPSEEK_LLM_SPLITS;
+            llm_digits[5] = "\\p{N}";
             let is = |chain: &[&str]| {
                 patterns.len() == chain.len() && patterns.iter().zip(chain).all(|(p, c)| *p == plain(c))
             };
             [
                 (&[LLAMA3_PATTERN][..], PreTokenizer::Llama3),
                 (&[QWEN2_PATTERN], PreTokenizer::Qwen2),
+                (&[QWEN35_PATTERN], PreTokenizer::Qwen35),
                 (&[GPT4O_PATTERN], PreTokenizer::Gpt4o),
                 (&[TEKKEN_PATTERN], PreTokenizer::Tekken),
                 (&DEEPSEEK_LLM_SPLITS, PreTokenizer::DeepSeekLlm),
+                (&llm_digits, PreTokenizer::DeepSeekLlmDigits),
                 (&DEEPSEEK_CODER_SPLITS, PreTokenizer::DeepSeekCoder),
                 (&DEEPSEEK_V3_SPLITS, PreTokenizer::DeepSeekV3),
             ]
@@ -418,7 +439,7 @@ impl Tokenizer {
                         path,
                         format!(
                             "{e} (supported pre-tokenizers: ByteLevel with GPT-2's pattern; Digits(individual_digits) \
-                             then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, GPT-4o's or Tekken's pattern, or \
+                             then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's or Tekken's pattern, or \
                              DeepSeek LLM's, Coder's or V3's chain of Splits, then ByteLevel without its pattern; for character-level vocabularies none, Metaspace, Split on a \
                              string, or a Sequence of them)"
                         ),
@@ -957,12 +978,20 @@ impl Tokenizer {
                     self.encode_word(piece, out);
                 }
             }
+            PreTokenizer::Qwen35 => {
+                for piece in qwen35_pieces(text) {
+                    self.encode_word(piece, out);
+                }
+            }
             PreTokenizer::Gpt4o | PreTokenizer::Tekken => {
                 for piece in gpt4o_pieces(text, self.pre == PreTokenizer::Tekken) {
                     self.encode_word(piece, out);
                 }
             }
-            PreTokenizer::DeepSeekLlm | PreTokenizer::DeepSeekCoder | PreTokenizer::DeepSeekV3 => {
+            PreTokenizer::DeepSeekLlm
+            | PreTokenizer::DeepSeekLlmDigits
+            | PreTokenizer::DeepSeekCoder
+            | PreTokenizer::DeepSeekV3 => {
                 let chain = split_chain::chain_of(self.pre).unwrap_or_default();
                 split_chain::for_each_piece(text, chain, &mut |piece| self.encode_word(piece, out));
             }

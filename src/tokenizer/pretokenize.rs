@@ -51,6 +51,11 @@ pub(crate) fn is_space(c: char) -> bool {
     class_of(c) == Class::Space
 }
 
+/// Whether `c` is a mark (`\p{M}`: combining accents, vowel signs, enclosing marks).
+pub(crate) fn is_mark(c: char) -> bool {
+    !c.is_ascii() && matches!(get_general_category(c), G::NonspacingMark | G::SpacingMark | G::EnclosingMark)
+}
+
 /// Whether `c` is a number character (`\p{N}`: decimal digits, letter numbers such as
 /// Roman numerals, other numbers such as `²` or `½`).
 pub(crate) fn is_number(c: char) -> bool {
@@ -140,17 +145,27 @@ pub const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}
 /// Qwen 2's (llama.cpp's `qwen2`): the same with one digit a piece.
 pub const QWEN2_PATTERN: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen 3.5's (llama.cpp's `qwen35`): Qwen 2's with marks (`\p{M}`) in words, not in
+/// punctuation runs.
+pub const QWEN35_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// Iterator over the pieces of [`LLAMA3_PATTERN`] (`max_digits` 3) or [`QWEN2_PATTERN`]
-/// (`max_digits` 1), which tile the text.
+/// Iterator over the pieces of [`LLAMA3_PATTERN`] (`max_digits` 3), [`QWEN2_PATTERN`]
+/// (`max_digits` 1) or [`QWEN35_PATTERN`] (`marks`), which tile the text.
 pub struct Llama3Pieces<'a> {
     text: &'a str,
     pos: usize,
     max_digits: usize,
+    /// Marks belong to words (Qwen 3.5's `[\p{L}\p{M}]+`), not to punctuation runs.
+    marks: bool,
 }
 
 pub fn llama3_pieces(text: &str, max_digits: usize) -> Llama3Pieces<'_> {
-    Llama3Pieces { text, pos: 0, max_digits }
+    Llama3Pieces { text, pos: 0, max_digits, marks: false }
+}
+
+/// The pieces of [`QWEN35_PATTERN`].
+pub fn qwen35_pieces(text: &str) -> Llama3Pieces<'_> {
+    Llama3Pieces { text, pos: 0, max_digits: 1, marks: true }
 }
 
 /// A contraction at the start of `s`, ASCII letters in either case (llama.cpp's `'[sS]|…`).
@@ -173,33 +188,32 @@ impl Llama3Pieces<'_> {
         if let Some(n) = contraction_len_any_case(rest.as_bytes()) {
             return n;
         }
-        let mut it = rest.char_indices();
-        let (_, c0) = it.next().expect("not empty");
+        let c0 = rest.chars().next().expect("not empty");
         let class0 = class_of(c0);
-        let run = |from: usize, class: Class| {
-            rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
-        };
-        // `[^\r\n\p{L}\p{N}]?\p{L}+`
-        if class0 == Class::Letter {
-            return run(0, Class::Letter);
+        let wordy = |c: char| class_of(c) == Class::Letter || (self.marks && is_mark(c));
+        let run =
+            |from: usize| rest[from..].char_indices().find(|&(_, c)| !wordy(c)).map_or(rest.len(), |(i, _)| from + i);
+        // `[^\r\n\p{L}\p{N}]?\p{L}+` (Qwen 3.5: `[\p{L}\p{M}]+`; a mark first is in
+        // both the prefix and the run: the run ends in the same place either way)
+        if wordy(c0) {
+            return run(0);
         }
         let next = rest[c0.len_utf8()..].chars().next();
-        if class0 != Class::Number && c0 != '\r' && c0 != '\n' && next.is_some_and(|c| class_of(c) == Class::Letter) {
-            return run(c0.len_utf8(), Class::Letter);
+        if class0 != Class::Number && c0 != '\r' && c0 != '\n' && next.is_some_and(wordy) {
+            return run(c0.len_utf8());
         }
-        tail_len(rest, self.max_digits, b"\r\n")
+        tail_len(rest, self.max_digits, b"\r\n", self.marks)
     }
 }
 
 /// The alternatives Llama 3's and GPT-4o's patterns share after their letter ones, at the
 /// start of `rest` (not empty, not starting a letter match): `\p{N}{1,max_digits}`, then
 /// ` ?[^\s\p{L}\p{N}]+` followed by any of `trailing` (`[\r\n]*`, GPT-4o's `[\r\n/]*`),
-/// then whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`.
-fn tail_len(rest: &str, max_digits: usize, trailing: &[u8]) -> usize {
+/// then whitespace: `\s*[\r\n]+`, `\s+(?!\S)`, `\s+`. With `marks`, the punctuation
+/// run stops at a mark (Qwen 3.5's `[^\s\p{L}\p{M}\p{N}]+`).
+fn tail_len(rest: &str, max_digits: usize, trailing: &[u8], marks: bool) -> usize {
     let c0 = rest.chars().next().expect("not empty");
-    let run = |from: usize, class: Class| {
-        rest[from..].char_indices().find(|&(_, c)| class_of(c) != class).map_or(rest.len(), |(i, _)| from + i)
-    };
+    let other = |c: char| class_of(c) == Class::Other && !(marks && is_mark(c));
     if class_of(c0) == Class::Number {
         return rest
             .char_indices()
@@ -209,8 +223,8 @@ fn tail_len(rest: &str, max_digits: usize, trailing: &[u8]) -> usize {
             .map_or(0, |(i, c)| i + c.len_utf8());
     }
     let body = if c0 == ' ' { 1 } else { 0 };
-    if rest[body..].chars().next().is_some_and(|c| class_of(c) == Class::Other) {
-        let end = run(body, Class::Other);
+    if rest[body..].chars().next().is_some_and(other) {
+        let end = rest[body..].char_indices().find(|&(_, c)| !other(c)).map_or(rest.len(), |(i, _)| body + i);
         return end + rest[end..].bytes().take_while(|b| trailing.contains(b)).count();
     }
     space_len(rest)
@@ -342,7 +356,7 @@ impl Gpt4oPieces<'_> {
                 }
             }
         }
-        tail_len(rest, if self.tekken { 1 } else { 3 }, b"\r\n/")
+        tail_len(rest, if self.tekken { 1 } else { 3 }, b"\r\n/", false)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Pre-tokenizers that are a chain of regex splits: DeepSeek's (HF's `Sequence` of
-//! `Split(Regex, Isolated)` before `ByteLevel`; llama.cpp's `deepseek-llm`,
-//! `deepseek-coder` and `deepseek-v3` lists of `regex_exprs`).
+//! `Split(Regex, Isolated)`, and for LLM and Coder a last `Digits`, before `ByteLevel`;
+//! llama.cpp's `deepseek-llm`, `deepseek-coder` and `deepseek-v3` lists of `regex_exprs`).
 //!
 //! Each regex splits every piece the previous one left: its matches and the text between
 //! them become pieces. Each regex here is a hand-written scanner that finds the leftmost
@@ -9,7 +9,7 @@
 use unicode_general_category::{GeneralCategory as G, get_general_category};
 
 use super::PreTokenizer;
-use super::pretokenize::{is_letter, is_number, is_space, space_len};
+use super::pretokenize::{is_letter, is_mark, is_number, is_space, space_len};
 
 /// The leftmost match of one regex in `s` at or after byte `from`, as a byte range.
 type Find = fn(&str, usize) -> Option<(usize, usize)>;
@@ -44,6 +44,17 @@ pub(crate) const DEEPSEEK_LLM: &[Find] = &[
     trailing_space,
     |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
     |s, from| run(s, from, usize::MAX, is_number),
+];
+
+/// DeepSeek LLM's own `tokenizer.json`: [`DEEPSEEK_LLM_SPLITS`] with every digit alone
+/// (HF's `Digits(individual_digits)` last, where llama.cpp has `\p{N}+`).
+pub(crate) const DEEPSEEK_LLM_DIGITS: &[Find] = &[
+    newline,
+    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_LETTERS)),
+    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT)),
+    trailing_space,
+    |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
+    |s, from| run(s, from, 1, is_number),
 ];
 
 /// The scanners of [`DEEPSEEK_CODER_SPLITS`], in order.
@@ -190,11 +201,6 @@ fn is_symbol(c: char) -> bool {
     matches!(get_general_category(c), G::MathSymbol | G::CurrencySymbol | G::ModifierSymbol | G::OtherSymbol)
 }
 
-/// `\p{M}`: marks.
-fn is_mark(c: char) -> bool {
-    matches!(get_general_category(c), G::NonspacingMark | G::SpacingMark | G::EnclosingMark)
-}
-
 /// End of the run of `class` characters from byte `from` of `s`, at most `max` of them.
 fn run_end(s: &str, from: usize, max: usize, class: impl Fn(char) -> bool) -> usize {
     let mut end = from;
@@ -274,6 +280,7 @@ fn deepseek_v3_len(rest: &str) -> Option<usize> {
 pub(crate) fn chain_of(pre: PreTokenizer) -> Option<&'static [Find]> {
     match pre {
         PreTokenizer::DeepSeekLlm => Some(DEEPSEEK_LLM),
+        PreTokenizer::DeepSeekLlmDigits => Some(DEEPSEEK_LLM_DIGITS),
         PreTokenizer::DeepSeekCoder => Some(DEEPSEEK_CODER),
         PreTokenizer::DeepSeekV3 => Some(DEEPSEEK_V3),
         _ => None,

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Run DeepSeek's chains of splits over a real vocabulary and a corpus, three ways: forge
-(from a GGUF and from a `tokenizer.json`), HF tokenizers and llama.cpp's `llama-tokenize`.
+"""Run pre-tokenizers over a real vocabulary and a corpus, three ways: forge (from a GGUF and
+from a `tokenizer.json`), HF tokenizers and llama.cpp's `llama-tokenize`.
 
-  python3 scripts/split_chain_vs_hf_and_llama_cpp.py SmolLM2-135M-Instruct.Q4_1.gguf CORPUS.txt... \\
-      [--llama-tokenize /tmp/llama.cpp-build/build/bin/llama-tokenize] [--llama-lines 1000] \\
-      [--forge target/release/forge] [--work /tmp/split-chain-check]
+  python3 scripts/pre_tokenizers_vs_hf_and_llama_cpp.py SmolLM2-135M-Instruct.Q4_1.gguf CORPUS.txt... \\
+      [--names deepseek-llm,deepseek-coder,deepseek-v3,qwen35] [--llama-lines 1000] \\
+      [--llama-tokenize /tmp/llama.cpp-build/build/bin/llama-tokenize] \\
+      [--forge target/release/forge] [--work /tmp/pre-tokenizer-check]
 
-For each of `deepseek-llm`, `deepseek-coder` and `deepseek-v3`: a tokenizer-only copy of the
+For each name (DeepSeek's chains of splits; `llama-bpe`, `qwen2`, `qwen35`, `gpt-4o` and
+`tekken`'s patterns): a tokenizer-only copy of the
 GGUF with `tokenizer.ggml.pre` rewritten to that name; HF's `tokenizer.json` for it
-(scripts/hf_tokenizer_from_gguf.py, then the chain of `Split`s + `ByteLevel(use_regex=False)`
-as DeepSeek's own files have it, since transformers' GGUF conversion does not know these
+(scripts/hf_tokenizer_from_gguf.py, then the `Split`s + `ByteLevel(use_regex=False)` as the
+models' own files have them, since transformers' GGUF conversion does not know the DeepSeek
 names). Every line of the corpora (newline kept off) goes through forge on both files and HF
 tokenizers; `--llama-lines` lines sampled evenly through `llama-tokenize` (one process per
 line). Prints the counts and the first lines that differ; exit 1 if forge differs from HF.
@@ -18,6 +20,7 @@ Needs: tokenizers transformers gguf numpy (pip).
 import argparse
 import ast
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from make_split_chain_fixture import rust_split_chains  # noqa: E402
 
 HERE = Path(__file__).parent
+_SRC = (HERE.parent / "src/tokenizer/pretokenize.rs").read_text(encoding="utf-8")
+# llama.cpp's name → the one-regex patterns of src/tokenizer/pretokenize.rs.
+PATTERNS = {name: [re.search(rf'pub const {const}: &str =\s*r"(.*)";', _SRC).group(1)]
+            for name, const in (("llama-bpe", "LLAMA3_PATTERN"), ("qwen2", "QWEN2_PATTERN"),
+                                ("qwen35", "QWEN35_PATTERN"), ("gpt-4o", "GPT4O_PATTERN"),
+                                ("tekken", "TEKKEN_PATTERN"))}
 
 
 def copy_tokenizer(src, out, pre):
@@ -68,7 +77,8 @@ def main():
     ap.add_argument("--llama-tokenize", default="/tmp/llama.cpp-build/build/bin/llama-tokenize")
     ap.add_argument("--llama-lines", type=int, default=1000)
     ap.add_argument("--forge", default="target/release/forge")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/split-chain-check"))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/pre-tokenizer-check"))
+    ap.add_argument("--names", default="deepseek-llm,deepseek-coder,deepseek-v3,qwen35")
     args = ap.parse_args()
     lines = []
     for c in args.corpora:
@@ -76,7 +86,9 @@ def main():
     lines = [l for l in lines if l]
     print(f"{len(lines)} lines, {sum(len(l.encode()) for l in lines) / 1e6:.2f} MB")
     failed = False
-    for name, chain in rust_split_chains(HERE.parent / "src/tokenizer/split_chain.rs").items():
+    splits = rust_split_chains(HERE.parent / "src/tokenizer/split_chain.rs") | PATTERNS
+    for name in args.names.split(","):
+        chain = splits[name]
         d = args.work / name
         (d / "hf").mkdir(parents=True, exist_ok=True)
         gguf = d / "tokenizer.gguf"
