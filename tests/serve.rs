@@ -707,6 +707,52 @@ fn chat_completions() {
     assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "length");
 }
 
+/// Each API's form of an output constraint is enforced: SGLang's `regex` and `ebnf`,
+/// vLLM's `structured_outputs` (`regex`, `choice`, `grammar`, `json`, `json_object`) and
+/// `guided_*`, llama-server's `grammar`, on a random model that left alone writes
+/// anything.
+#[test]
+fn every_api_form_of_a_constraint_is_enforced() {
+    let s = Server::start(&fixture("tiny-gpt2"), &["-c", "256"]);
+    let pair = |t: &str| t.len() == 4 && ["ab", "cd"].contains(&&t[..2]) && ["ab", "cd"].contains(&&t[2..]);
+    let x_digits = |t: &str| t.len() == 3 && t.starts_with('x') && t[1..].bytes().all(|b| b.is_ascii_digit());
+    let yes_no = |t: &str| t == "yes" || t == "no";
+    let json_pq =
+        |t: &str| serde_json::from_str::<Value>(t).is_ok_and(|v| v == json!({"a": "p"}) || v == json!({"a": "q"}));
+    let schema = json!({"type": "object", "properties": {"a": {"enum": ["p", "q"]}}, "required": ["a"],
+                        "additionalProperties": false});
+    let cases: Vec<(Value, &dyn Fn(&str) -> bool)> = vec![
+        (json!({"regex": "(ab|cd){2}"}), &pair),
+        (json!({"structured_outputs": {"regex": "(ab|cd){2}", "disable_fallback": true}}), &pair),
+        (json!({"guided_regex": "(ab|cd){2}"}), &pair),
+        (json!({"structured_outputs": {"choice": ["yes", "no"]}}), &yes_no),
+        (json!({"guided_choice": ["yes", "no"]}), &yes_no),
+        (json!({"ebnf": "root ::= \"x\" [0-9] [0-9]"}), &x_digits),
+        (json!({"structured_outputs": {"grammar": "root ::= \"x\" [0-9] [0-9]"}}), &x_digits),
+        (json!({"grammar": "root ::= \"x\" [0-9] [0-9]"}), &x_digits),
+        (json!({"structured_outputs": {"json": schema.clone(), "disable_any_whitespace": true}}), &json_pq),
+        (json!({"structured_outputs": {"json": schema.to_string()}}), &json_pq),
+    ];
+    for (fields, holds) in cases {
+        for seed in 0..3 {
+            let mut body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.0, "seed": seed});
+            body.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+            let v = s.ok("/v1/completions", &body);
+            let text = v["choices"][0]["text"].as_str().unwrap();
+            assert!(holds(text), "{fields}: {text:?}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop", "{fields}: {text:?}");
+        }
+    }
+    // json_object: the output is an object so far (a random model need not close it).
+    let body = json!({"prompt": "x", "max_tokens": 8, "structured_outputs": {"json_object": true}});
+    let text = s.ok("/v1/completions", &body)["choices"][0]["text"].as_str().unwrap().to_owned();
+    assert!(text.starts_with('{'), "{text:?}");
+    // Unconstrained, the same requests write something else.
+    let free = s
+        .ok("/v1/completions", &json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 1.0, "seed": 0}));
+    assert!(!pair(free["choices"][0]["text"].as_str().unwrap()));
+}
+
 /// Every invalid request is a 400 in OpenAI's error shape naming the field; unknown
 /// routes 404; nothing stops the server from answering the next request.
 #[test]
@@ -740,6 +786,23 @@ fn invalid_requests_are_clear_errors() {
         ("/v1/completions", r#"{"prompt": "x", "guided_regex": "[a-"}"#, "guided_regex"),
         ("/v1/completions", r#"{"prompt": "x", "guided_choice": []}"#, "guided_choice"),
         ("/v1/completions", r#"{"prompt": "x", "json_schema": {}, "grammar": "root ::= \"a\""}"#, "grammar"),
+        ("/v1/completions", r#"{"prompt": "x", "regex": "[a-"}"#, "regex"),
+        ("/v1/completions", r#"{"prompt": "x", "ebnf": "root ::= nothing"}"#, "ebnf"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": 5}"#, "structured_outputs"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"structural_tag": "{}"}}"#, "structured_outputs"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"json_object": "yes"}}"#, "structured_outputs"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"choice": []}}"#, "structured_outputs"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"regex": "[a-"}}"#, "structured_outputs.regex"),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "regex": "a", "structured_outputs": {"regex": "b"}}"#,
+            "structured_outputs.regex",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "json_schema": {"type": "array", "uniqueItems": true, "x-guidance": {"lenient": true}}}"#,
+            "json_schema",
+        ),
         ("/v1/completions", r#"{"prompt": "x", "presence_penalty": 3}"#, "presence_penalty"),
         ("/v1/completions", r#"{"prompt": "x", "frequency_penalty": -9}"#, "frequency_penalty"),
         ("/v1/completions", r#"{"prompt": "x", "n": 2}"#, "n"),

@@ -306,6 +306,11 @@ fn what_cannot_be_enforced_is_an_error_naming_it() {
         (GrammarSpec::grammar("root ::= missing"), "missing"),
         (GrammarSpec::grammar("root ::= <think>"), "token references"),
         (GrammarSpec::Lark("start: nothing_here".into()), "nothing_here"),
+        // Lenient mode would turn refusals into warnings.
+        (
+            GrammarSpec::JsonSchema(json!({"type": "array", "uniqueItems": true, "x-guidance": {"lenient": true}})),
+            "lenient",
+        ),
     ];
     for (spec, want) in cases {
         let e = g.compile(&spec).unwrap_err();

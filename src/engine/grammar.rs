@@ -125,6 +125,11 @@ impl Grammars {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(format!("a JSON schema must be an object, got {schema}"));
                 }
+                if schema["x-guidance"]["lenient"] == true {
+                    return Err("x-guidance lenient is refused: it would leave the parts of the schema \
+                                llguidance cannot enforce unenforced"
+                        .into());
+                }
                 TopLevelGrammar::from_json_schema(compact(schema.clone()))
             }
             GrammarSpec::JsonObject => {

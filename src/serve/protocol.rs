@@ -168,7 +168,8 @@ pub(super) struct GenRequest {
     pub(super) suffix: Option<String>,
     /// Output constraints (structured output, [`super::validate::constraint_of`]):
     /// OpenAI's `response_format` (`text` is no constraint), llama-server's `grammar`
-    /// and `json_schema`, vLLM's `guided_*`.
+    /// and `json_schema`, vLLM's `guided_*` and `structured_outputs`, SGLang's `regex`
+    /// and `ebnf`.
     #[serde(default)]
     pub(super) response_format: Option<Value>,
     #[serde(default)]
@@ -183,6 +184,12 @@ pub(super) struct GenRequest {
     pub(super) guided_choice: Option<Value>,
     #[serde(default)]
     pub(super) guided_grammar: Option<Value>,
+    #[serde(default)]
+    pub(super) structured_outputs: Option<Value>,
+    #[serde(default)]
+    pub(super) regex: Option<Value>,
+    #[serde(default)]
+    pub(super) ebnf: Option<Value>,
 }
 
 /// Completions' logprobs object for `tokens`.

@@ -25,8 +25,9 @@ pub(super) fn check_ids(ids: &[i64], vocab: usize, param: &'static str) -> Resul
 }
 
 /// The output constraint a request asks for (OpenAI's `response_format`, llama-server's
-/// `json_schema` and `grammar`, vLLM's `guided_*`), compiled for the model; one that
-/// cannot be enforced is a 400 naming what could not, never unconstrained text.
+/// `json_schema` and `grammar`, vLLM's `guided_*` and `structured_outputs`, SGLang's
+/// `regex` and `ebnf`), compiled for the model; one that cannot be enforced is a 400
+/// naming what could not, never unconstrained text.
 pub(super) fn constraint_of(r: &GenRequest, l: &Loaded) -> Result<Option<Constraint>, ApiError> {
     let given = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
     let mut asked: Vec<(&'static str, GrammarSpec)> = Vec::new();
@@ -82,16 +83,57 @@ pub(super) fn constraint_of(r: &GenRequest, l: &Loaded) -> Result<Option<Constra
     if let Some(v) = r.guided_regex.as_ref().filter(|_| given(&r.guided_regex)) {
         asked.push(("guided_regex", GrammarSpec::Regex(text("guided_regex", v)?)));
     }
-    if let Some(v) = r.guided_choice.as_ref().filter(|_| given(&r.guided_choice)) {
+    let choice = |name: &'static str, v: &Value| -> Result<GrammarSpec, ApiError> {
         let choices: Option<Vec<String>> = v
             .as_array()
             .and_then(|a| a.iter().map(|c| c.as_str().map(|c| serde_json::to_string(c).ok())).collect())
             .and_then(|c: Vec<Option<String>>| c.into_iter().collect());
         match choices {
-            Some(c) if !c.is_empty() => {
-                asked.push(("guided_choice", GrammarSpec::Lark(format!("start: {}", c.join(" | ")))))
+            Some(c) if !c.is_empty() => Ok(GrammarSpec::Lark(format!("start: {}", c.join(" | ")))),
+            _ => Err(ApiError::bad(name, format!("{name} must be a non-empty list of strings"))),
+        }
+    };
+    if let Some(v) = r.guided_choice.as_ref().filter(|_| given(&r.guided_choice)) {
+        asked.push(("guided_choice", choice("guided_choice", v)?));
+    }
+    // SGLang's.
+    if let Some(v) = r.regex.as_ref().filter(|_| given(&r.regex)) {
+        asked.push(("regex", GrammarSpec::Regex(text("regex", v)?)));
+    }
+    if let Some(v) = r.ebnf.as_ref().filter(|_| given(&r.ebnf)) {
+        asked.push(("ebnf", GrammarSpec::grammar(&text("ebnf", v)?)));
+    }
+    // vLLM's current form: one object, each kind of constraint a key.
+    if let Some(so) = r.structured_outputs.as_ref().filter(|_| given(&r.structured_outputs)) {
+        const P: &str = "structured_outputs";
+        let o = so.as_object().ok_or_else(|| ApiError::bad(P, "structured_outputs must be an object"))?;
+        for (key, v) in o.iter().filter(|(_, v)| !v.is_null()) {
+            let flag = |v: &Value| v.as_bool().ok_or_else(|| ApiError::bad(P, format!("{P}.{key} must be a boolean")));
+            match key.as_str() {
+                "json" => asked.push(("structured_outputs.json", schema(P, v)?)),
+                "regex" => asked.push(("structured_outputs.regex", GrammarSpec::Regex(text(P, v)?))),
+                "choice" => asked.push(("structured_outputs.choice", choice(P, v)?)),
+                "grammar" => asked.push(("structured_outputs.grammar", GrammarSpec::grammar(&text(P, v)?))),
+                "json_object" => {
+                    if flag(v)? {
+                        asked.push(("structured_outputs.json_object", GrammarSpec::JsonObject));
+                    }
+                }
+                // How vLLM picks its backend, and JSON without free whitespace, which is
+                // what every JSON constraint gives here.
+                "disable_fallback" | "disable_any_whitespace" => {
+                    flag(v)?;
+                }
+                other => {
+                    return Err(ApiError::bad(
+                        P,
+                        format!(
+                            "structured_outputs.{other} is not supported (supported: json, regex, choice, \
+                             grammar, json_object, disable_fallback, disable_any_whitespace)"
+                        ),
+                    ));
+                }
             }
-            _ => return Err(ApiError::bad("guided_choice", "guided_choice must be a non-empty list of strings")),
         }
     }
     let (name, spec) = match asked.len() {
