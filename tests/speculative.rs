@@ -265,6 +265,92 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
     assert!(engine.speculate(bad, None).unwrap_err().to_string().contains("--draft-min (3) is larger"));
 }
 
+/// A copy of the tiny Llama fixture `name` whose vocabulary has `extra` more rows than
+/// tokens (padding, as Qwen 2.5 0.5B's 151,936 and 7B's 152,064 over one tokenizer).
+/// The padding rows of the tied embedding are 1.5× its first rows, so the model picks
+/// them often.
+fn padded(name: &str, extra: usize) -> tempfile::TempDir {
+    use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
+    let (src, dir) = (fixture(name), tempfile::tempdir().unwrap());
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["tie_word_embeddings"], true);
+    config["vocab_size"] = (config["vocab_size"].as_u64().unwrap() + extra as u64).into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let st = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+    let tensors: Vec<OwnedTensor> = st
+        .names()
+        .map(|n| {
+            let t = st.get(n).unwrap();
+            let (mut data, mut shape) = (t.to_f32().unwrap(), t.shape.to_vec());
+            if n == "model.embed_tokens.weight" {
+                let pad: Vec<f32> = data[..extra * shape[1]].iter().map(|x| x * 1.5).collect();
+                data.extend(pad);
+                shape[0] += extra;
+            }
+            OwnedTensor::f32(n, shape, &data)
+        })
+        .collect();
+    std::fs::write(dir.path().join("model.safetensors"), serialize(&tensors, st.metadata())).unwrap();
+    dir
+}
+
+/// Passes a drafter's drafts through, noting whether any held an id of `vocab` or past.
+struct Watch<D> {
+    inner: D,
+    vocab: u32,
+    outside: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<B: Backend, D: Drafter<B>> Drafter<B> for Watch<D> {
+    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+        self.inner.propose(backend, seqs, drafts)?;
+        if drafts.iter().flatten().any(|&t| t >= self.vocab) {
+            self.outside.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// A draft model and the model may have vocabularies of different sizes over one
+/// tokenizer (padding): the engine takes the pair, and drafts change no bit either way.
+/// A draft model with the larger vocabulary proposes ids the model lacks (cut from the
+/// draft); a model with the larger one generates ids the draft model lacks (the draft
+/// model then skips that sequence).
+#[test]
+fn draft_and_model_vocabularies_may_differ_by_padding() {
+    let (big_draft_dir, big_model_dir) = (padded("tiny-llama-odd", 64), padded("tiny-llama", 64));
+    let (model, small_draft) = (load_cpu("tiny-llama", true), load_cpu("tiny-llama-odd", true));
+    let (big_draft, big_model) = (
+        Engine::load(cpu(true), big_draft_dir.path()).unwrap(),
+        Engine::load(cpu(true), big_model_dir.path()).unwrap(),
+    );
+    let vocab = model.model.info().vocab_size as u32;
+    assert_eq!(big_model.model.info().vocab_size as u32, vocab + 64);
+    let requests: Vec<Request> = prompts(vocab).iter().enumerate().map(|(i, p)| request(i as u64, p, 30)).collect();
+    for (target, draft, label) in [(&model, &big_draft, "larger draft"), (&big_model, &small_draft, "larger model")] {
+        let (plain, _) = run(target, 4, &requests, None);
+        let outside = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drafter = Watch { inner: ModelDrafter::new(&*draft.model), vocab, outside: outside.clone() };
+        let (spec, (drafted, accepted)) = run(target, 4, &requests, Some((Box::new(drafter), 4)));
+        assert_eq!(spec, plain, "{label}: {accepted} of {drafted} accepted");
+        assert!(drafted > 0, "{label}: nothing drafted");
+        let generated_outside = plain.iter().flatten().any(|t| t.0 >= vocab);
+        match label {
+            "larger draft" => assert!(outside.load(Ordering::Relaxed), "the draft never proposed padding"),
+            _ => assert!(generated_outside, "the model never generated padding"),
+        }
+    }
+    // The engine takes the pair (its tokenizer is the model's, id for id).
+    let mut engine = load_cpu("tiny-llama", true);
+    let draft = load_model(&engine.backend, big_draft_dir.path()).unwrap();
+    let method = DraftMethod::Model(draft.model);
+    engine.speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&draft.tokenizer)).unwrap();
+}
+
 /// SmolLM2-135M's real weights (Q4_1) asked to copy paragraphs: n-gram drafts are
 /// accepted often, and every token and log-probability equals plain decoding's, alone
 /// and sixteen at once, greedy and sampled.

@@ -527,7 +527,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let least = (*draft_min).max(1);
         drop(asked);
+        let vocab = self.model.info().vocab_size;
         for (d, s) in self.drafts.iter_mut().zip(self.running.iter_mut()) {
+            // A draft model's vocabulary may be larger (padding): its ids past the
+            // model's are never fed.
+            if let Some(outside) = d.iter().position(|&t| t as usize >= vocab) {
+                d.truncate(outside);
+            }
             if let Some(c) = s.constraint.as_mut() {
                 d.truncate(c.accepts(d)); // a draft the output may not take is not verified
             }

@@ -92,8 +92,16 @@ impl<B: Backend> Speculation<B> {
     }
 }
 
-/// Check that a draft model can draft for `target`: the same vocabulary, token by token.
-/// `target_token` and `draft_token` give each id's bytes.
+/// How many more or fewer tokens a draft model's tokenizer may have than the model's
+/// (llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`): the sizes of one family's models
+/// differ by a few added tokens.
+pub const MAX_DRAFT_VOCAB_DIFFERENCE: usize = 128;
+
+/// Check that a draft model can draft for `target`: the same tokens, id by id, over the
+/// ids both tokenizers have, and sizes at most [`MAX_DRAFT_VOCAB_DIFFERENCE`] apart.
+/// `target_token` and `draft_token` give each id's bytes. (Ids one model lacks are never
+/// fed to it: the scheduler cuts a draft at an id outside the model's vocabulary, and
+/// the draft model does not draft for a sequence holding an id outside its own.)
 pub fn check_draft_vocabulary(
     target_vocab: usize,
     draft_vocab: usize,
@@ -101,11 +109,11 @@ pub fn check_draft_vocabulary(
     draft_token: impl Fn(u32) -> Option<Vec<u8>>,
 ) -> anyhow::Result<()> {
     ensure!(
-        target_vocab == draft_vocab,
-        "the draft model's vocabulary has {draft_vocab} tokens but the model's has {target_vocab}; \
-         a draft model must share the model's tokenizer"
+        target_vocab.abs_diff(draft_vocab) <= MAX_DRAFT_VOCAB_DIFFERENCE,
+        "the draft model's vocabulary has {draft_vocab} tokens but the model's has {target_vocab} \
+         (at most {MAX_DRAFT_VOCAB_DIFFERENCE} apart); a draft model must share the model's tokenizer"
     );
-    for id in 0..target_vocab as u32 {
+    for id in 0..target_vocab.min(draft_vocab) as u32 {
         let (a, b) = (target_token(id), draft_token(id));
         ensure!(
             a == b,
@@ -231,7 +239,7 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
 impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
         self.caches.retain(|c| seqs.iter().any(|s| s.id == c.id));
-        let context = self.model.info().context_length;
+        let (context, vocab) = (self.model.info().context_length, self.model.info().vocab_size);
         // (cache index, sequence index, tokens to feed) of every sequence drafted.
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(seqs.len());
         for (si, s) in seqs.iter().enumerate() {
@@ -253,6 +261,9 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
             // Keep what it shares with the sequence; always feed the last token.
             let keep = c.tokens.iter().zip(s.tokens).take_while(|(a, b)| a == b).count().min(s.tokens.len() - 1);
             c.tokens.truncate(keep);
+            if s.tokens[keep..].iter().any(|&t| t as usize >= vocab) {
+                continue; // a token this model does not have (the model's vocabulary is larger)
+            }
             if need > c.capacity {
                 let capacity = need.max(c.capacity.saturating_mul(2)).min(context);
                 let mut grown = self.model.new_cache(backend, capacity).context("the draft model's KV cache")?;
@@ -324,8 +335,11 @@ mod tests {
     fn a_draft_model_must_share_the_vocabulary() {
         let same = |id: u32| Some(vec![id as u8]);
         assert!(check_draft_vocabulary(4, 4, same, same).is_ok());
-        let e = check_draft_vocabulary(4, 5, same, same).unwrap_err().to_string();
-        assert!(e.contains("5 tokens but the model's has 4"), "{e}");
+        // Sizes a few tokens apart (a family's models): the shared ids must agree.
+        assert!(check_draft_vocabulary(4, 5, same, same).is_ok());
+        assert!(check_draft_vocabulary(200, 72, same, same).is_ok());
+        let e = check_draft_vocabulary(4, 133, same, same).unwrap_err().to_string();
+        assert!(e.contains("133 tokens but the model's has 4"), "{e}");
         let other = |id: u32| Some(vec![if id == 2 { b'x' } else { id as u8 }]);
         let e = check_draft_vocabulary(4, 4, same, other).unwrap_err().to_string();
         assert!(e.contains("token 2 is"), "{e}");
