@@ -721,7 +721,8 @@ fn every_api_form_of_a_constraint_is_enforced() {
         |t: &str| serde_json::from_str::<Value>(t).is_ok_and(|v| v == json!({"a": "p"}) || v == json!({"a": "q"}));
     let schema = json!({"type": "object", "properties": {"a": {"enum": ["p", "q"]}}, "required": ["a"],
                         "additionalProperties": false});
-    let cases: Vec<(Value, &dyn Fn(&str) -> bool)> = vec![
+    type Holds<'a> = &'a dyn Fn(&str) -> bool;
+    let cases: Vec<(Value, Holds)> = vec![
         (json!({"regex": "(ab|cd){2}"}), &pair),
         (json!({"structured_outputs": {"regex": "(ab|cd){2}", "disable_fallback": true}}), &pair),
         (json!({"guided_regex": "(ab|cd){2}"}), &pair),
