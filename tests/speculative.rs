@@ -2,7 +2,9 @@
 //! greedy and seeded sampling (with penalties), one request alone and sixteen in one
 //! batch, drafts accepted whole, cut short and wholly rejected, from n-gram lookup, from
 //! a draft model and from a drafter that knows the answer and lies on purpose; on the
-//! cpu with random models and SmolLM2's real weights, and on the gpu. Plain decoding is
+//! cpu with random models and SmolLM2's real weights, and on the gpu; beside the prefix
+//! cache and prompt scoring, and with draft and model vocabularies that differ by
+//! padding. Plain decoding is
 //! the reference: the same scheduler without a drafter, on the same batch-invariant
 //! kernels. And with the kernels that are not batch-invariant, the same comparison
 //! fails: a verification row is then computed differently from a decode row.
@@ -263,6 +265,91 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
     assert!(e.to_string().contains("a draft model must share the model's"), "{e}");
     let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 2, draft_min: 3, batch_max: 1 };
     assert!(engine.speculate(bad, None).unwrap_err().to_string().contains("--draft-min (3) is larger"));
+}
+
+/// Every request's trace, its prompt log-probabilities' bits, how many of its prompt
+/// tokens came from a cache, and (drafted, accepted) tokens, on a scheduler with `cfg`.
+#[allow(clippy::type_complexity)]
+fn run_scored<B: Backend>(
+    engine: &Engine<B>,
+    cfg: SchedulerConfig,
+    requests: &[Request],
+    drafter: Option<Box<dyn Drafter<B> + '_>>,
+) -> (Vec<Trace>, Vec<Vec<u64>>, Vec<usize>, (u64, u64)) {
+    let mut s = Scheduler::new(
+        &engine.backend,
+        &*engine.model,
+        cfg,
+        engine.end_of_generation.clone(),
+        Arc::new(Metrics::default()),
+    );
+    if let Some(d) = drafter {
+        s = s.with_drafter(d, 8, 0);
+    }
+    requests.iter().for_each(|r| s.add(r.clone()));
+    let n = requests.len();
+    let (mut traces, mut scored, mut cached) = (vec![Trace::new(); n], vec![Vec::new(); n], vec![0; n]);
+    let index: HashMap<u64, usize> = requests.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
+    let mut events = Vec::new();
+    while s.busy() {
+        s.step(&mut events);
+        for (id, e) in events.drain(..) {
+            let i = index[&id];
+            match e {
+                Event::Started { cached: c } => cached[i] = c,
+                Event::PromptLogprobs(lps) => scored[i].extend(lps.iter().map(|l| l.logprob.to_bits())),
+                Event::Token { id: t, logprobs } | Event::EndToken { id: t, logprobs } => {
+                    let l = logprobs.expect("asked");
+                    traces[i].push((t, l.logprob.to_bits(), l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect()));
+                }
+                Event::Failed(e) => panic!("request {id}: {e}"),
+                _ => {}
+            }
+        }
+    }
+    let m = s.metrics();
+    (
+        traces,
+        scored,
+        cached,
+        (m.spec_draft_tokens.load(Ordering::Relaxed), m.spec_accepted_tokens.load(Ordering::Relaxed)),
+    )
+}
+
+/// Drafting beside the prefix cache and prompt scoring: requests sharing a 40-token
+/// prefix run four at a time with the prefix cache on (the later ones start from the
+/// blocks the first left), and a request scoring its prompt shares batches with
+/// drafting sequences. Every token, log-probability and prompt log-probability equals
+/// plain decoding's, with the cache and without it.
+#[test]
+fn drafts_beside_the_prefix_cache_and_prompt_scoring_change_no_bit() {
+    let engine = load_cpu("tiny-llama", true);
+    let vocab = engine.model.info().vocab_size as u32;
+    let shared: Vec<u32> = (0..40).map(|j| (5 + 17 * j) % vocab).collect();
+    let mut requests: Vec<Request> = prompts(vocab)
+        .iter()
+        .take(7)
+        .enumerate()
+        .map(|(i, tail)| request(i as u64, &[&shared[..], tail].concat(), 24))
+        .collect();
+    let mut scoring = request(100, &[&shared[..], &prompts(vocab)[9]].concat(), 8);
+    scoring.prompt_logprobs = Some(2);
+    requests.insert(1, scoring);
+    let with_cache = SchedulerConfig { prefix_cache: true, ..config(4) };
+    let (plain, plain_scored, plain_cached, _) = run_scored(&engine, with_cache.clone(), &requests, None);
+    let (spec, spec_scored, spec_cached, (drafted, accepted)) =
+        run_scored(&engine, with_cache, &requests, Some(Box::new(NgramDrafter::new(3))));
+    assert_eq!(spec, plain, "{accepted} of {drafted} drafts accepted");
+    assert_eq!(spec_scored, plain_scored);
+    assert!(accepted > 0, "no draft accepted");
+    assert!(plain_scored[1].len() > 40, "the prompt was not scored");
+    for cached in [&plain_cached, &spec_cached] {
+        assert!(cached.iter().filter(|&&c| c >= 32).count() >= 3, "prompts from the prefix cache: {cached:?}");
+    }
+    let (uncached, uncached_scored, none_cached, _) =
+        run_scored(&engine, config(4), &requests, Some(Box::new(NgramDrafter::new(3))));
+    assert!(none_cached.iter().all(|&c| c == 0));
+    assert_eq!((uncached, uncached_scored), (plain, plain_scored), "with and without the prefix cache");
 }
 
 /// A copy of the tiny Llama fixture `name` whose vocabulary has `extra` more rows than
