@@ -39,7 +39,7 @@ pub const DEEPSEEK_V3_SPLITS: [&str; 3] = [
 /// The scanners of [`DEEPSEEK_LLM_SPLITS`], in order.
 pub(crate) const DEEPSEEK_LLM: &[Find] = &[
     newline,
-    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_LETTERS)),
+    |s, from| space_then_run(s, from, is_deepseek_letter),
     |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT)),
     trailing_space,
     |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
@@ -50,7 +50,7 @@ pub(crate) const DEEPSEEK_LLM: &[Find] = &[
 /// (HF's `Digits(individual_digits)` last, where llama.cpp has `\p{N}+`).
 pub(crate) const DEEPSEEK_LLM_DIGITS: &[Find] = &[
     newline,
-    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_LETTERS)),
+    |s, from| space_then_run(s, from, is_deepseek_letter),
     |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT)),
     trailing_space,
     |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
@@ -180,6 +180,13 @@ const DEEPSEEK_V3_CJK: [(u32, u32); 3] = [(0x4E00, 0x9FA5), (0x3040, 0x309F), (0
 /// Membership in a character class given as inclusive ranges.
 fn in_ranges(ranges: &'static [(u32, u32)]) -> impl Fn(char) -> bool {
     move |c| ranges.iter().any(|&(a, b)| (a..=b).contains(&u32::from(c)))
+}
+
+/// Membership in [`DEEPSEEK_LETTERS`] (sorted, disjoint): a binary search.
+fn is_deepseek_letter(c: char) -> bool {
+    let c = u32::from(c);
+    let i = DEEPSEEK_LETTERS.partition_point(|&(_, hi)| hi < c);
+    DEEPSEEK_LETTERS.get(i).is_some_and(|&(lo, _)| lo <= c)
 }
 
 /// `\p{P}`: punctuation.
@@ -350,6 +357,14 @@ mod tests {
         assert_eq!(class_ranges(DEEPSEEK_LLM_SPLITS[4]), DEEPSEEK_CJK);
         assert_eq!(class_ranges(DEEPSEEK_CODER_SPLITS[3]), DEEPSEEK_CJK);
         assert_eq!(class_ranges(DEEPSEEK_V3_SPLITS[1]), DEEPSEEK_V3_CJK);
+    }
+
+    #[test]
+    fn the_letter_table_is_sorted_and_disjoint() {
+        assert!(DEEPSEEK_LETTERS.windows(2).all(|w| w[0].0 <= w[0].1 && w[0].1 < w[1].0));
+        for c in (0..0x20000).filter_map(char::from_u32) {
+            assert_eq!(is_deepseek_letter(c), in_ranges(&DEEPSEEK_LETTERS)(c), "{c:?}");
+        }
     }
 
     #[test]
