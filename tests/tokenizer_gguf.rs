@@ -210,6 +210,7 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         ("phi-2", PreTokenizer::Gpt2),
         ("starcoder", PreTokenizer::SmolLm),
         ("dbrx", PreTokenizer::Llama3),
+        ("glm4", PreTokenizer::Llama3),
         ("deepseek-llm", PreTokenizer::DeepSeekLlm),
         ("deepseek-coder", PreTokenizer::DeepSeekCoder),
         ("deepseek-v3", PreTokenizer::DeepSeekV3),
@@ -227,7 +228,9 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
     }
     // Without add_bos_token, llama.cpp's default for the name decides (dbrx and smaug-bpe
     // share Llama 3's pattern, not its default).
-    for (name, bos) in [("llama-bpe", Some(257)), ("tekken", Some(257)), ("dbrx", None), ("deepseek-v3", None)] {
+    for (name, bos) in
+        [("llama-bpe", Some(257)), ("tekken", Some(257)), ("dbrx", None), ("deepseek-v3", None), ("glm4", None)]
+    {
         let mut m = with("tokenizer.ggml.pre", Meta::Str(name.into()));
         m.retain(|(k, _)| *k != "tokenizer.ggml.add_bos_token");
         assert_eq!(load(&m).unwrap().bos_to_add(), bos, "{name}");

@@ -91,10 +91,11 @@ pub enum PreTokenizer {
 impl PreTokenizer {
     /// llama.cpp's `tokenizer.ggml.pre` names this tokenizer runs: every name llama.cpp
     /// gives one of these patterns with no other special-token rule (not `jina-v1-en`,
-    /// `jina-v2-code` or `roberta-bpe`, which add a separator token, `jina-v2-es` or
-    /// `jina-v2-de`, which strip before `<mask>`, nor `chatglm-bpe`, `glm4` or `glm5`). (A word that is a whole vocabulary token is that token for every
+    /// `jina-v2-code` or `roberta-bpe`, which add a separator token, nor `jina-v2-es` or
+    /// `jina-v2-de`, which strip before `<mask>`; GLM's names only default to no BOS
+    /// token, which the file's `bos_token_id` overrides in llama.cpp as here). (A word that is a whole vocabulary token is that token for every
     /// pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
-    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 55] = [
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 58] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("phi-2", PreTokenizer::Gpt2),
         ("jina-es", PreTokenizer::Gpt2),
@@ -128,6 +129,9 @@ impl PreTokenizer {
         ("jina-v5-nano", PreTokenizer::Llama3),
         ("dbrx", PreTokenizer::Llama3),
         ("smaug-bpe", PreTokenizer::Llama3),
+        ("chatglm-bpe", PreTokenizer::Llama3),
+        ("glm4", PreTokenizer::Llama3),
+        ("glm5", PreTokenizer::Llama3),
         ("qwen2", PreTokenizer::Qwen2),
         ("deepseek-r1-qwen", PreTokenizer::Qwen2),
         ("kormo", PreTokenizer::Qwen2),
