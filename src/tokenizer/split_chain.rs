@@ -37,32 +37,22 @@ pub const DEEPSEEK_V3_SPLITS: [&str; 3] = [
 ];
 
 /// The scanners of [`DEEPSEEK_LLM_SPLITS`], in order.
-pub(crate) const DEEPSEEK_LLM: &[Find] = &[
-    newline,
-    |s, from| space_then_run(s, from, is_deepseek_letter),
-    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT)),
-    trailing_space,
-    |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
-    |s, from| run(s, from, usize::MAX, is_number),
-];
+pub(crate) const DEEPSEEK_LLM: &[Find] =
+    &[newline, deepseek_letters, deepseek_punct, trailing_space, deepseek_cjk, |s, from| {
+        run(s, from, usize::MAX, is_number)
+    }];
 
 /// DeepSeek LLM's own `tokenizer.json`: [`DEEPSEEK_LLM_SPLITS`] with every digit alone
 /// (HF's `Digits(individual_digits)` last, where llama.cpp has `\p{N}+`).
-pub(crate) const DEEPSEEK_LLM_DIGITS: &[Find] = &[
-    newline,
-    |s, from| space_then_run(s, from, is_deepseek_letter),
-    |s, from| space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT)),
-    trailing_space,
-    |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
-    |s, from| run(s, from, 1, is_number),
-];
+pub(crate) const DEEPSEEK_LLM_DIGITS: &[Find] =
+    &[newline, deepseek_letters, deepseek_punct, trailing_space, deepseek_cjk, |s, from| run(s, from, 1, is_number)];
 
 /// The scanners of [`DEEPSEEK_CODER_SPLITS`], in order.
 pub(crate) const DEEPSEEK_CODER: &[Find] = &[
     newline,
     |s, from| space_then_run(s, from, is_letter),
     |s, from| space_then_run(s, from, is_punct),
-    |s, from| run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK)),
+    deepseek_cjk,
     |s, from| run(s, from, 1, is_number),
 ];
 
@@ -74,6 +64,21 @@ pub(crate) const DEEPSEEK_V3: &[Find] = &[
         s[from..].char_indices().find_map(|(i, _)| deepseek_v3_len(&s[from + i..]).map(|n| (from + i, from + i + n)))
     },
 ];
+
+/// `\s?[A-Za-zµÀ-ÖØ-ö…]+`: DeepSeek LLM's letters, with one whitespace character before.
+fn deepseek_letters(s: &str, from: usize) -> Option<(usize, usize)> {
+    space_then_run(s, from, is_deepseek_letter)
+}
+
+/// `\s?[!-/:-~！-／：-～‘-‟\u{3000}-。]+`: DeepSeek LLM's punctuation.
+fn deepseek_punct(s: &str, from: usize) -> Option<(usize, usize)> {
+    space_then_run(s, from, in_ranges(&DEEPSEEK_PUNCT))
+}
+
+/// `[一-龥ࠀ-一가-\u{d7ff}]+`: DeepSeek LLM's and Coder's CJK runs.
+fn deepseek_cjk(s: &str, from: usize) -> Option<(usize, usize)> {
+    run(s, from, usize::MAX, in_ranges(&DEEPSEEK_CJK))
+}
 
 /// The letter class of [`DEEPSEEK_LLM_SPLITS`]' second regex, as inclusive ranges.
 const DEEPSEEK_LETTERS: [(u32, u32); 87] = [
