@@ -707,10 +707,10 @@ fn chat_completions() {
     assert_eq!(events.last().unwrap()["choices"][0]["finish_reason"], "length");
 }
 
-/// Each API's form of an output constraint is enforced: SGLang's `regex` and `ebnf`,
-/// vLLM's `structured_outputs` (`regex`, `choice`, `grammar`, `json`, `json_object`) and
-/// `guided_*`, llama-server's `grammar`, on a random model that left alone writes
-/// anything.
+/// Each API's form of an output constraint is enforced: SGLang's `regex`, `ebnf` and
+/// `json_schema` (a string), vLLM's `structured_outputs` (`regex`, `choice`, `grammar`,
+/// `json`, `json_object`) and `guided_*`, llama-server's `grammar`, on a random model
+/// that left alone writes anything.
 #[test]
 fn every_api_form_of_a_constraint_is_enforced() {
     let s = Server::start(&fixture("tiny-gpt2"), &["-c", "256"]);
@@ -724,7 +724,11 @@ fn every_api_form_of_a_constraint_is_enforced() {
     type Holds<'a> = &'a dyn Fn(&str) -> bool;
     let cases: Vec<(Value, Holds)> = vec![
         (json!({"regex": "(ab|cd){2}"}), &pair),
-        (json!({"structured_outputs": {"regex": "(ab|cd){2}", "disable_fallback": true}}), &pair),
+        (
+            json!({"structured_outputs": {"regex": "(ab|cd){2}", "disable_fallback": true,
+                   "disable_additional_properties": false}}),
+            &pair,
+        ),
         (json!({"guided_regex": "(ab|cd){2}"}), &pair),
         (json!({"structured_outputs": {"choice": ["yes", "no"]}}), &yes_no),
         (json!({"guided_choice": ["yes", "no"]}), &yes_no),
@@ -733,6 +737,9 @@ fn every_api_form_of_a_constraint_is_enforced() {
         (json!({"grammar": "root ::= \"x\" [0-9] [0-9]"}), &x_digits),
         (json!({"structured_outputs": {"json": schema.clone(), "disable_any_whitespace": true}}), &json_pq),
         (json!({"structured_outputs": {"json": schema.to_string()}}), &json_pq),
+        (json!({"guided_json": schema.clone()}), &json_pq),
+        (json!({"json_schema": schema.to_string()}), &json_pq),
+        (json!({"guided_grammar": "root ::= \"x\" [0-9] [0-9]"}), &x_digits),
     ];
     for (fields, holds) in cases {
         for seed in 0..3 {
@@ -792,8 +799,30 @@ fn invalid_requests_are_clear_errors() {
         ("/v1/completions", r#"{"prompt": "x", "structured_outputs": 5}"#, "structured_outputs"),
         ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"structural_tag": "{}"}}"#, "structured_outputs"),
         ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"json_object": "yes"}}"#, "structured_outputs"),
-        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"choice": []}}"#, "structured_outputs"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"choice": []}}"#, "structured_outputs.choice"),
         ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"regex": "[a-"}}"#, "structured_outputs.regex"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {"regex": 5}}"#, "structured_outputs.regex"),
+        ("/v1/completions", r#"{"prompt": "x", "structured_outputs": {}}"#, "structured_outputs"),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "structured_outputs": {"disable_fallback": true}}"#,
+            "structured_outputs",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "structured_outputs": {"regex": "a", "disable_additional_properties": true}}"#,
+            "structured_outputs",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "regex": "a", "guided_whitespace_pattern": " "}"#,
+            "guided_whitespace_pattern",
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt": "x", "grammar": "start: %json {\"x-guidance\": {\"lenient\": true}, \"type\": \"array\", \"uniqueItems\": true}"}"#,
+            "grammar",
+        ),
         (
             "/v1/completions",
             r#"{"prompt": "x", "regex": "a", "structured_outputs": {"regex": "b"}}"#,

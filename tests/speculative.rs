@@ -268,14 +268,15 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
 }
 
 /// Every request's trace, its prompt log-probabilities' bits, how many of its prompt
-/// tokens came from a cache, and (drafted, accepted) tokens, on a scheduler with `cfg`.
+/// tokens came from a cache, and (drafted, accepted, steps that both scored a prompt and
+/// verified a draft) on a scheduler with `cfg`.
 #[allow(clippy::type_complexity)]
 fn run_scored<B: Backend>(
     engine: &Engine<B>,
     cfg: SchedulerConfig,
     requests: &[Request],
     drafter: Option<Box<dyn Drafter<B> + '_>>,
-) -> (Vec<Trace>, Vec<Vec<u64>>, Vec<usize>, (u64, u64)) {
+) -> (Vec<Trace>, Vec<Vec<u64>>, Vec<usize>, (u64, u64, usize)) {
     let mut s = Scheduler::new(
         &engine.backend,
         &*engine.model,
@@ -290,14 +291,21 @@ fn run_scored<B: Backend>(
     let n = requests.len();
     let (mut traces, mut scored, mut cached) = (vec![Trace::new(); n], vec![Vec::new(); n], vec![0; n]);
     let index: HashMap<u64, usize> = requests.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
-    let mut events = Vec::new();
+    let (mut events, mut overlaps) = (Vec::new(), 0);
+    let drafted = |s: &Scheduler<'_, B>| s.metrics().spec_draft_tokens.load(Ordering::Relaxed);
     while s.busy() {
+        let before = drafted(&s);
         s.step(&mut events);
+        let verified = drafted(&s) > before;
+        let mut scored_now = false;
         for (id, e) in events.drain(..) {
             let i = index[&id];
             match e {
                 Event::Started { cached: c } => cached[i] = c,
-                Event::PromptLogprobs(lps) => scored[i].extend(lps.iter().map(|l| l.logprob.to_bits())),
+                Event::PromptLogprobs(lps) => {
+                    scored_now = true;
+                    scored[i].extend(lps.iter().map(|l| l.logprob.to_bits()));
+                }
                 Event::Token { id: t, logprobs } | Event::EndToken { id: t, logprobs } => {
                     let l = logprobs.expect("asked");
                     traces[i].push((t, l.logprob.to_bits(), l.top.iter().map(|&(i, p)| (i, p.to_bits())).collect()));
@@ -306,20 +314,18 @@ fn run_scored<B: Backend>(
                 _ => {}
             }
         }
+        overlaps += usize::from(scored_now && verified);
     }
     let m = s.metrics();
-    (
-        traces,
-        scored,
-        cached,
-        (m.spec_draft_tokens.load(Ordering::Relaxed), m.spec_accepted_tokens.load(Ordering::Relaxed)),
-    )
+    let counts =
+        (m.spec_draft_tokens.load(Ordering::Relaxed), m.spec_accepted_tokens.load(Ordering::Relaxed), overlaps);
+    (traces, scored, cached, counts)
 }
 
 /// Drafting beside the prefix cache and prompt scoring: requests sharing a 40-token
 /// prefix run four at a time with the prefix cache on (the later ones start from the
-/// blocks the first left), and a request scoring its prompt shares batches with
-/// drafting sequences. Every token, log-probability and prompt log-probability equals
+/// blocks the first left), and requests scoring their prompts arrive while others
+/// verify drafts, in the same steps. Every token, log-probability and prompt log-probability equals
 /// plain decoding's, with the cache and without it.
 #[test]
 fn drafts_beside_the_prefix_cache_and_prompt_scoring_change_no_bit() {
@@ -332,17 +338,25 @@ fn drafts_beside_the_prefix_cache_and_prompt_scoring_change_no_bit() {
         .enumerate()
         .map(|(i, tail)| request(i as u64, &[&shared[..], tail].concat(), 24))
         .collect();
-    let mut scoring = request(100, &[&shared[..], &prompts(vocab)[9]].concat(), 8);
-    scoring.prompt_logprobs = Some(2);
-    requests.insert(1, scoring);
+    for (k, at) in [4, 6, 8].into_iter().enumerate() {
+        let mut scoring = request(100 + k as u64, &[&shared[..], &prompts(vocab)[9 + k]].concat(), 8);
+        scoring.prompt_logprobs = Some(2);
+        requests.insert(at, scoring);
+    }
     let with_cache = SchedulerConfig { prefix_cache: true, ..config(4) };
     let (plain, plain_scored, plain_cached, _) = run_scored(&engine, with_cache.clone(), &requests, None);
-    let (spec, spec_scored, spec_cached, (drafted, accepted)) =
-        run_scored(&engine, with_cache, &requests, Some(Box::new(NgramDrafter::new(3))));
+    let (spec, spec_scored, spec_cached, (drafted, accepted, _)) =
+        run_scored(&engine, with_cache.clone(), &requests, Some(Box::new(NgramDrafter::new(3))));
     assert_eq!(spec, plain, "{accepted} of {drafted} drafts accepted");
     assert_eq!(spec_scored, plain_scored);
     assert!(accepted > 0, "no draft accepted");
-    assert!(plain_scored[1].len() > 40, "the prompt was not scored");
+    // The oracle drafts for every decoding sequence at every step, so prompts are scored
+    // in steps that verify drafts.
+    let (spec, spec_scored, _, (_, _, overlaps)) =
+        run_scored(&engine, with_cache, &requests, Some(Box::new(oracle(&requests, &plain))));
+    assert_eq!((&spec, &spec_scored), (&plain, &plain_scored), "oracle drafts");
+    assert!(overlaps > 0, "no step scored a prompt while verifying a draft");
+    assert!([4, 6, 8].iter().all(|&i| plain_scored[i].len() > 40), "the prompts were not scored");
     for cached in [&plain_cached, &spec_cached] {
         assert!(cached.iter().filter(|&&c| c >= 32).count() >= 3, "prompts from the prefix cache: {cached:?}");
     }

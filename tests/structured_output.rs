@@ -306,9 +306,16 @@ fn what_cannot_be_enforced_is_an_error_naming_it() {
         (GrammarSpec::grammar("root ::= missing"), "missing"),
         (GrammarSpec::grammar("root ::= <think>"), "token references"),
         (GrammarSpec::Lark("start: nothing_here".into()), "nothing_here"),
-        // Lenient mode would turn refusals into warnings.
+        // Options that would turn refusals into warnings or loosen oneOf, also inside Lark.
         (
             GrammarSpec::JsonSchema(json!({"type": "array", "uniqueItems": true, "x-guidance": {"lenient": true}})),
+            "lenient",
+        ),
+        (GrammarSpec::JsonSchema(json!({"oneOf": [{}], "x-guidance": {"coerce_one_of": true}})), "coerce_one_of"),
+        (
+            GrammarSpec::Lark(
+                r#"start: %json {"x-guidance": {"lenient": true}, "type": "array", "uniqueItems": true}"#.into(),
+            ),
             "lenient",
         ),
     ];

@@ -125,10 +125,10 @@ impl Grammars {
                 if !schema.is_object() && !schema.is_boolean() {
                     return Err(format!("a JSON schema must be an object, got {schema}"));
                 }
-                if schema["x-guidance"]["lenient"] == true {
-                    return Err("x-guidance lenient is refused: it would leave the parts of the schema \
-                                llguidance cannot enforce unenforced"
-                        .into());
+                if let Some(option) = WEAKENING_OPTIONS.iter().find(|&&o| schema["x-guidance"][o] == true) {
+                    return Err(format!(
+                        "x-guidance {option} is refused: it would turn what llguidance cannot enforce into a warning"
+                    ));
                 }
                 TopLevelGrammar::from_json_schema(compact(schema.clone()))
             }
@@ -136,8 +136,8 @@ impl Grammars {
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
-            GrammarSpec::Gbnf(text) => TopLevelGrammar::from_lark(gbnf_to_lark(text)?),
+            GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(strict_lark(text.clone())?),
+            GrammarSpec::Gbnf(text) => TopLevelGrammar::from_lark(strict_lark(gbnf_to_lark(text)?)?),
         };
         let parser = self.factory.create_parser(grammar).map_err(|e| format!("{}: {e}", spec.kind()))?;
         let matcher = Matcher::new(Ok(parser));
@@ -148,11 +148,29 @@ impl Grammars {
     }
 }
 
-/// JSON without optional whitespace (`{"a":1,"b":[2,3]}`) unless the schema says
-/// otherwise in its `x-guidance` options: a small model cannot then loop on blank lines.
+/// llguidance's `x-guidance` options that turn a part it cannot enforce into a warning
+/// (`lenient`) or into something looser (`coerce_one_of`: `oneOf` read as `anyOf`).
+const WEAKENING_OPTIONS: [&str; 2] = ["lenient", "coerce_one_of"];
+
+/// A Lark grammar, refused if a JSON schema inside it (`%json {…}`) may set one of the
+/// [`WEAKENING_OPTIONS`].
+fn strict_lark(text: String) -> Result<String, String> {
+    match WEAKENING_OPTIONS.iter().find(|&&o| text.contains("x-guidance") && text.contains(o)) {
+        Some(option) => {
+            Err(format!("x-guidance {option} is refused: it would turn what llguidance cannot enforce into a warning"))
+        }
+        None => Ok(text),
+    }
+}
+
+/// JSON without optional whitespace (`{"a":1,"b":[2,3]}`) unless the schema sets
+/// `whitespace_flexible` in its `x-guidance` options: a small model cannot then loop on
+/// blank lines.
 fn compact(mut schema: Value) -> Value {
-    if let Some(o) = schema.as_object_mut() {
-        o.entry("x-guidance").or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    if let Some(o) = schema.as_object_mut()
+        && let Some(g) = o.entry("x-guidance").or_insert_with(|| serde_json::json!({})).as_object_mut()
+    {
+        g.entry("whitespace_flexible").or_insert(Value::Bool(false));
     }
     schema
 }

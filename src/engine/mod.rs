@@ -222,7 +222,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Decode speculatively from now on (`--draft-ngram`, `--model-draft`). A draft
-    /// model comes with its tokenizer, which must be this model's, token for token. The
+    /// model comes with its tokenizer, which must be this model's id for id over the ids
+    /// both have ([`speculate::check_draft_vocabulary`]; padding may differ). The
     /// output stays that of plain decoding when the backend's kernels are
     /// batch-invariant (see [`speculate`]).
     pub fn speculate(

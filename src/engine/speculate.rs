@@ -16,7 +16,7 @@
 //! - [`NgramDrafter`] (prompt lookup, llama.cpp's `--spec-type ngram`, vLLM's
 //!   `[ngram]`): the tokens that followed the latest earlier occurrence of the
 //!   sequence's last n tokens, n from the longest allowed down to 1.
-//! - [`ModelDrafter`]: a small model with the same vocabulary, decoding greedily ahead
+//! - [`ModelDrafter`]: a small model with the same tokenizer, decoding greedily ahead
 //!   on its own KV caches (llama.cpp's `--model-draft`).
 
 use anyhow::{Context, ensure};
@@ -59,7 +59,7 @@ pub struct Speculation<B: Backend> {
 pub enum DraftMethod<B: Backend> {
     /// Prompt lookup over n-grams of up to this many tokens.
     Ngram(usize),
-    /// A draft model sharing the target's vocabulary, on the same backend.
+    /// A draft model sharing the target's tokenizer, on the same backend.
     Model(Box<dyn CausalLm<B>>),
 }
 

@@ -185,6 +185,8 @@ pub(super) struct GenRequest {
     #[serde(default)]
     pub(super) guided_grammar: Option<Value>,
     #[serde(default)]
+    pub(super) guided_whitespace_pattern: Option<Value>,
+    #[serde(default)]
     pub(super) structured_outputs: Option<Value>,
     #[serde(default)]
     pub(super) regex: Option<Value>,

@@ -107,34 +107,66 @@ pub(super) fn constraint_of(r: &GenRequest, l: &Loaded) -> Result<Option<Constra
     if let Some(so) = r.structured_outputs.as_ref().filter(|_| given(&r.structured_outputs)) {
         const P: &str = "structured_outputs";
         let o = so.as_object().ok_or_else(|| ApiError::bad(P, "structured_outputs must be an object"))?;
+        let before = asked.len();
+        let mut no_whitespace = false;
         for (key, v) in o.iter().filter(|(_, v)| !v.is_null()) {
             let flag = |v: &Value| v.as_bool().ok_or_else(|| ApiError::bad(P, format!("{P}.{key} must be a boolean")));
             match key.as_str() {
-                "json" => asked.push(("structured_outputs.json", schema(P, v)?)),
-                "regex" => asked.push(("structured_outputs.regex", GrammarSpec::Regex(text(P, v)?))),
-                "choice" => asked.push(("structured_outputs.choice", choice(P, v)?)),
-                "grammar" => asked.push(("structured_outputs.grammar", GrammarSpec::grammar(&text(P, v)?))),
+                "json" => asked.push(("structured_outputs.json", schema("structured_outputs.json", v)?)),
+                "regex" => {
+                    asked.push(("structured_outputs.regex", GrammarSpec::Regex(text("structured_outputs.regex", v)?)))
+                }
+                "choice" => asked.push(("structured_outputs.choice", choice("structured_outputs.choice", v)?)),
+                "grammar" => asked.push((
+                    "structured_outputs.grammar",
+                    GrammarSpec::grammar(&text("structured_outputs.grammar", v)?),
+                )),
                 "json_object" => {
                     if flag(v)? {
                         asked.push(("structured_outputs.json_object", GrammarSpec::JsonObject));
                     }
                 }
-                // How vLLM picks its backend, and JSON without free whitespace, which is
-                // what every JSON constraint gives here.
-                "disable_fallback" | "disable_any_whitespace" => {
+                // How vLLM picks its backend: every constraint here is enforced.
+                "disable_fallback" => {
                     flag(v)?;
                 }
+                "disable_any_whitespace" => no_whitespace = flag(v)?,
+                // vLLM's default; `true` (objects closed unless the schema says) is not done here.
+                "disable_additional_properties" if !flag(v)? => {}
                 other => {
                     return Err(ApiError::bad(
                         P,
                         format!(
                             "structured_outputs.{other} is not supported (supported: json, regex, choice, \
-                             grammar, json_object, disable_fallback, disable_any_whitespace)"
+                             grammar, json_object, disable_fallback, disable_any_whitespace, \
+                             disable_additional_properties false)"
                         ),
                     ));
                 }
             }
         }
+        if asked.len() == before {
+            return Err(ApiError::bad(
+                P,
+                "structured_outputs names no constraint (json, regex, choice, grammar or json_object)",
+            ));
+        }
+        // JSON is compact unless the schema's `x-guidance` asks for free whitespace; this
+        // flag overrides the schema.
+        for (_, spec) in &mut asked[before..] {
+            if let GrammarSpec::JsonSchema(Value::Object(o)) = spec
+                && no_whitespace
+            {
+                let g = o.entry("x-guidance").or_insert_with(|| serde_json::json!({}));
+                if let Some(g) = g.as_object_mut() {
+                    g.insert("whitespace_flexible".into(), Value::Bool(false));
+                }
+            }
+        }
+    }
+    // vLLM's older whitespace option cannot be honoured; its backend choice is moot.
+    if given(&r.guided_whitespace_pattern) {
+        return Err(ApiError::bad("guided_whitespace_pattern", "guided_whitespace_pattern is not supported"));
     }
     let (name, spec) = match asked.len() {
         0 => return Ok(None),
