@@ -87,8 +87,8 @@ static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(|| {
 
 /// GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
 /// encode → decode (with and without special-token matching), every id is in range,
-/// encoding finishes in bounded time (libFuzzer's -timeout), and DeepSeek's chains of
-/// splits tile the text.
+/// encoding finishes in bounded time (libFuzzer's -timeout), and the chains of splits
+/// (DeepSeek's, MiniCPM 5's) tile the text.
 pub fn bpe_roundtrip(data: &[u8]) {
     let tok = &*TOKENIZER;
     let text = String::from_utf8_lossy(data);
@@ -97,8 +97,10 @@ pub fn bpe_roundtrip(data: &[u8]) {
         let back = tok.decode_bytes(&ids).expect("encoded ids decode");
         assert_eq!(back, text.as_bytes(), "round trip of {text:?}");
     }
-    // DeepSeek's chains of splits tile the text with non-empty pieces.
-    for pre in [PreTokenizer::DeepSeekLlm, PreTokenizer::DeepSeekCoder, PreTokenizer::DeepSeekV3] {
+    // The chains of splits tile the text with non-empty pieces.
+    for pre in
+        [PreTokenizer::DeepSeekLlm, PreTokenizer::DeepSeekCoder, PreTokenizer::DeepSeekV3, PreTokenizer::MiniCpm5]
+    {
         let pieces = split_chain_pieces(&text, pre).expect("a chain of splits");
         assert!(pieces.iter().all(|p| !p.is_empty()), "{pre:?}: an empty piece of {text:?}");
         assert_eq!(pieces.concat(), text, "{pre:?}: pieces of {text:?}");

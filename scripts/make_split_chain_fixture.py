@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""HF tokenizers' splits of texts by DeepSeek's chains of regex splits, for the tests.
+"""HF tokenizers' splits of texts by DeepSeek's and MiniCPM 5's chains of regex splits, for the tests.
 
   python3 scripts/make_split_chain_fixture.py [--llama-vocab-cpp PATH] \\
       > tests/fixtures/pretokenizers-split-chain.jsonl
 
 One {"text", "deepseek-llm": [pieces], "deepseek-llm_ids", "deepseek-llm-digits": …,
-"deepseek-coder": …, "deepseek-v3": …} per line: `pre_tokenizers.Sequence([Split(Regex(P),
+"deepseek-coder": …, "deepseek-v3": …, "minicpm5": …} per line: `pre_tokenizers.Sequence([Split(Regex(P),
 "isolated") for P in chain])`, the chains as written in src/tokenizer/split_chain.rs (with
 --llama-vocab-cpp, checked equal to the `regex_exprs` of llama.cpp's src/llama-vocab.cpp for the
 same names); as DeepSeek LLM's and Coder's own tokenizer.json files have them, their last step
@@ -27,7 +27,7 @@ import re
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 NAMES = {"deepseek-llm": "DEEPSEEK_LLM_SPLITS", "deepseek-coder": "DEEPSEEK_CODER_SPLITS",
-         "deepseek-v3": "DEEPSEEK_V3_SPLITS"}
+         "deepseek-v3": "DEEPSEEK_V3_SPLITS", "minicpm5": "MINICPM5_SPLITS"}
 
 
 def unescape(lit):
@@ -63,10 +63,16 @@ def rust_split_chains(path="src/tokenizer/split_chain.rs"):
 
 def llama_cpp_chains(path):
     src = open(path, encoding="utf-8").read()
-    cases = {"deepseek-llm": "DEEPSEEK_LLM", "deepseek-coder": "DEEPSEEK_CODER", "deepseek-v3": "DEEPSEEK3_LLM"}
-    return {name: literals(re.search(rf"case LLAMA_VOCAB_PRE_TYPE_{c}:.*?regex_exprs = \{{(.*?)\}};", src,
-                                     re.S).group(1))
-            for name, c in cases.items()}
+    cases = {"deepseek-llm": "DEEPSEEK_LLM", "deepseek-coder": "DEEPSEEK_CODER", "deepseek-v3": "DEEPSEEK3_LLM",
+             "minicpm5": "MINICPM5"}
+    # llama.cpp spells HF's case-insensitive contractions out.
+    contractions = ("(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])", "(?i:'s|'t|'re|'ve|'m|'ll|'d)")
+    out = {}
+    for name, c in cases.items():
+        block = re.search(rf"case LLAMA_VOCAB_PRE_TYPE_{c}:.*?regex_exprs = \{{(.*?)\}};", src, re.S).group(1)
+        code = "\n".join(line for line in block.split("\n") if not line.strip().startswith("//"))
+        out[name] = [p.replace(*contractions) for p in literals(code)]
+    return out
 
 
 def splits(chain):
@@ -79,7 +85,8 @@ def pipelines(chains):
     return {"deepseek-llm": splits(chains["deepseek-llm"]),
             "deepseek-llm-digits": splits(chains["deepseek-llm"][:-1]) + [digits],
             "deepseek-coder": splits(chains["deepseek-coder"][:-1]) + [digits],
-            "deepseek-v3": splits(chains["deepseek-v3"])}
+            "deepseek-v3": splits(chains["deepseek-v3"]),
+            "minicpm5": splits(chains["minicpm5"])}
 
 
 POOL = (list("aZ xy Q") + list("0123456789") + list(" \t\r\n  ") + list(".,;:!?'\"()[]{}<>/\\-_=+*&^%$#@~`|")
@@ -108,6 +115,8 @@ EXTRA = [
     "a.b.c e.g. ./run --flag=value @user #tag 'quote' \"dq\" [x](y) {z} <a href=\"b\">",
     "HTTPServer's 'S 's DON'T it's we'll", "x=1;y=2\r\nz=3\n", " !!! ... ,,, ?!?", "a\u3000\u3000b", "\u3000",
     "。。、、「」『』", "１２３４", "a1b22c333d4444e55555", " 1 22 333 4444", "end.\n", "   ",
+    # Spaces before numbers: MiniCPM 5 splits numbers off first, so a space run ends there.
+    "a  1 b   22 c\t\t333 d    4444", "  1", "x  \n  2", "1  2  3  ", "  12345  67", "½  ²   ٣",
 ]
 
 

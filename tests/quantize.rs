@@ -222,14 +222,18 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
     let pre = GgufFile::open(&out).unwrap().get("tokenizer.ggml.pre").cloned();
     assert_eq!(pre, Some(MetaValue::String("smollm".into())));
-    // DeepSeek's chains of splits, as their own files have them (LLM's and Coder's end in
-    // HF's Digits), get llama.cpp's names, and the GGUF tokenizes as the folder does.
-    use batch_forge::tokenizer::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, Tokenizer};
+    // DeepSeek's and MiniCPM 5's chains of splits, as their own files have them (DeepSeek
+    // LLM's and Coder's end in HF's Digits), get llama.cpp's names, and the GGUF tokenizes
+    // as the folder does.
+    use batch_forge::tokenizer::{
+        DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, MINICPM5_SPLITS, Tokenizer,
+    };
     let digits = serde_json::json!({"type": "Digits", "individual_digits": true});
     for (chain, last, name) in [
         (&DEEPSEEK_LLM_SPLITS[..5], Some(digits.clone()), "deepseek-llm"),
         (&DEEPSEEK_CODER_SPLITS[..4], Some(digits), "deepseek-coder"),
         (&DEEPSEEK_V3_SPLITS[..], None, "deepseek-v3"),
+        (&MINICPM5_SPLITS[..], None, "minicpm5"),
     ] {
         let mut steps: Vec<Value> = chain
             .iter()

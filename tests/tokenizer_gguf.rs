@@ -216,6 +216,7 @@ fn a_tiny_gguf_tokenizer_works_and_hostile_metadata_is_refused() {
         ("deepseek-v3", PreTokenizer::DeepSeekV3),
         ("hunyuan-dense", PreTokenizer::DeepSeekV3),
         ("qwen35", PreTokenizer::Qwen35),
+        ("minicpm5", PreTokenizer::MiniCpm5),
         ("llama-bpe", PreTokenizer::Llama3),
         ("pixtral", PreTokenizer::Llama3),
         ("qwen2", PreTokenizer::Qwen2),

@@ -1,7 +1,7 @@
 //! GPT-2's real tokenizer on arbitrary bytes: valid UTF-8 round-trips exactly through
 //! encode → decode (with and without special-token matching), every id is in range,
-//! encoding finishes in bounded time (libFuzzer's -timeout), and DeepSeek's chains of
-//! splits tile the text.
+//! encoding finishes in bounded time (libFuzzer's -timeout), and the chains of splits
+//! (DeepSeek's, MiniCPM 5's) tile the text.
 #![no_main]
 
 #[path = "../checks.rs"]

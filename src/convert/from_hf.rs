@@ -487,7 +487,8 @@ impl HfModel {
 /// pipelines [`crate::tokenizer::pre_tokenizer_of_json`] recognizes (GPT-2's `ByteLevel`:
 /// `gpt-2`; SmolLM's digits-split-then-`ByteLevel`: `smollm`; Llama 3's, Qwen 2's, Qwen 3.5's,
 /// GPT-4o's and Tekken's `Split`: `llama-bpe`, `qwen2`, `qwen35`, `gpt-4o`, `tekken`; DeepSeek LLM's,
-/// Coder's and V3's chains of `Split`s: `deepseek-llm`, `deepseek-coder`, `deepseek-v3`).
+/// Coder's and V3's chains of `Split`s: `deepseek-llm`, `deepseek-coder`, `deepseek-v3`;
+/// MiniCPM 5's: `minicpm5`).
 /// Others have no name this project can vouch for, and are refused rather than mislabelled.
 fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
     match crate::tokenizer::pre_tokenizer_of_json(pre) {
@@ -496,7 +497,7 @@ fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
             "not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm; \
              Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's and Tekken's Split + ByteLevel: llama-bpe, qwen2, qwen35, gpt-4o, tekken; \
              DeepSeek LLM's, Coder's and V3's chains of Splits + ByteLevel: deepseek-llm, deepseek-coder, \
-             deepseek-v3)"
+             deepseek-v3; MiniCPM 5's: minicpm5)"
         ),
     }
 }

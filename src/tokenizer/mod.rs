@@ -4,8 +4,8 @@
 //! Loads HF `tokenizer.json`, the original `vocab.json` + `merges.txt`, or the
 //! `tokenizer.ggml.*` metadata of a GGUF file (model `gpt2` or `llama`). Byte-level
 //! encoding is pre-tokenize ([`pretokenize`]: GPT-2's, Llama 3's, Qwen 2's and 3.5's,
-//! GPT-4o's and Tekken's patterns, llama.cpp's `smollm`; [`split_chain`]: DeepSeek's
-//! chains of splits) → bytes → BPE merges by rank, with a per-word cache. SentencePiece
+//! GPT-4o's and Tekken's patterns, llama.cpp's `smollm`; [`split_chain`]: DeepSeek's and
+//! MiniCPM 5's chains of splits) → bytes → BPE merges by rank, with a per-word cache. SentencePiece
 //! encoding is [`spm`]: `▁` for spaces, merges by score, byte fallback.
 //! Special tokens (`<|endoftext|>`) are matched in the text only when asked
 //! ([`Tokenizer::encode`] vs [`Tokenizer::encode_ordinary`]), as tiktoken does; tokens
@@ -23,7 +23,9 @@ pub use pretokenize::{
     GPT4O_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN, QWEN35_PATTERN, TEKKEN_PATTERN, gpt4o_pieces, llama3_pieces,
     pre_tokenize, qwen35_pieces,
 };
-pub use split_chain::{DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, split_chain_pieces};
+pub use split_chain::{
+    DEEPSEEK_CODER_SPLITS, DEEPSEEK_LLM_SPLITS, DEEPSEEK_V3_SPLITS, MINICPM5_SPLITS, split_chain_pieces,
+};
 pub use stream::StreamDecoder;
 
 use std::cmp::Reverse;
@@ -86,6 +88,9 @@ pub enum PreTokenizer {
     /// DeepSeek V3's and R1's ([`DEEPSEEK_V3_SPLITS`]: numbers in threes, CJK and kana
     /// runs, then letters with marks, punctuation with symbols); llama.cpp's `deepseek-v3`.
     DeepSeekV3,
+    /// MiniCPM 5's ([`MINICPM5_SPLITS`]: numbers in threes, then Llama 3's pattern on
+    /// each piece); llama.cpp's `minicpm5`.
+    MiniCpm5,
 }
 
 impl PreTokenizer {
@@ -95,7 +100,7 @@ impl PreTokenizer {
     /// `jina-v2-de`, which strip before `<mask>`; GLM's names only default to no BOS
     /// token, which the file's `bos_token_id` overrides in llama.cpp as here). (A word that is a whole vocabulary token is that token for every
     /// pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
-    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 58] = [
+    pub const GGUF_NAMES: [(&'static str, PreTokenizer); 59] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("phi-2", PreTokenizer::Gpt2),
         ("jina-es", PreTokenizer::Gpt2),
@@ -154,6 +159,7 @@ impl PreTokenizer {
         ("hunyuan-dense", PreTokenizer::DeepSeekV3),
         ("joyai-llm", PreTokenizer::DeepSeekV3),
         ("hy_v4", PreTokenizer::DeepSeekV3),
+        ("minicpm5", PreTokenizer::MiniCpm5),
     ];
 
     /// The [`Self::GGUF_NAMES`] for which llama.cpp adds BOS when the file does not say
@@ -184,6 +190,7 @@ impl PreTokenizer {
             PreTokenizer::DeepSeekLlm | PreTokenizer::DeepSeekLlmDigits => "deepseek-llm",
             PreTokenizer::DeepSeekCoder => "deepseek-coder",
             PreTokenizer::DeepSeekV3 => "deepseek-v3",
+            PreTokenizer::MiniCpm5 => "minicpm5",
         }
     }
 
@@ -344,6 +351,7 @@ pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
                 (&llm_digits, PreTokenizer::DeepSeekLlmDigits),
                 (&DEEPSEEK_CODER_SPLITS, PreTokenizer::DeepSeekCoder),
                 (&DEEPSEEK_V3_SPLITS, PreTokenizer::DeepSeekV3),
+                (&MINICPM5_SPLITS, PreTokenizer::MiniCpm5),
             ]
             .into_iter()
             .find_map(|(chain, pre)| is(chain).then_some(pre))
@@ -995,7 +1003,8 @@ impl Tokenizer {
             PreTokenizer::DeepSeekLlm
             | PreTokenizer::DeepSeekLlmDigits
             | PreTokenizer::DeepSeekCoder
-            | PreTokenizer::DeepSeekV3 => {
+            | PreTokenizer::DeepSeekV3
+            | PreTokenizer::MiniCpm5 => {
                 let chain = split_chain::chain_of(self.pre).unwrap_or_default();
                 split_chain::for_each_piece(text, chain, &mut |piece| self.encode_word(piece, out));
             }

@@ -1,6 +1,7 @@
-//! Pre-tokenizers that are a chain of regex splits: DeepSeek's (HF's `Sequence` of
-//! `Split(Regex, Isolated)`, and for LLM and Coder a last `Digits`, before `ByteLevel`;
-//! llama.cpp's `deepseek-llm`, `deepseek-coder` and `deepseek-v3` lists of `regex_exprs`).
+//! Pre-tokenizers that are a chain of regex splits: DeepSeek's and MiniCPM 5's (HF's
+//! `Sequence` of `Split(Regex, Isolated)`, and for DeepSeek LLM and Coder a last `Digits`,
+//! before `ByteLevel`; llama.cpp's `deepseek-llm`, `deepseek-coder`, `deepseek-v3` and
+//! `minicpm5` lists of `regex_exprs`).
 //!
 //! Each regex splits every piece the previous one left: its matches and the text between
 //! them become pieces. Each regex here is a hand-written scanner that finds the leftmost
@@ -9,7 +10,7 @@
 use unicode_general_category::{GeneralCategory as G, get_general_category};
 
 use super::PreTokenizer;
-use super::pretokenize::{is_letter, is_mark, is_number, is_space, space_len};
+use super::pretokenize::{is_letter, is_mark, is_number, is_space, llama3_pieces, space_len};
 
 /// The leftmost match of one regex in `s` at or after byte `from`, as a byte range.
 type Find = fn(&str, usize) -> Option<(usize, usize)>;
@@ -34,6 +35,22 @@ pub const DEEPSEEK_V3_SPLITS: [&str; 3] = [
     "\\p{N}{1,3}",
     "[一-龥\u{3040}-ゟ゠-ヿ]+",
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+];
+
+/// MiniCPM 5's (llama.cpp's `minicpm5`): numbers in threes, then Llama 3's pattern with
+/// whole number runs on each piece left.
+pub const MINICPM5_SPLITS: [&str; 2] = [
+    "\\p{N}{1,3}",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+];
+
+/// The scanners of [`MINICPM5_SPLITS`]. The second pattern matches at every position
+/// (its last alternatives take any character), so its leftmost match is the next piece
+/// of [`llama3_pieces`]: on the pieces the first split leaves (numbers of up to three
+/// digits, or text without any), `\p{N}+` and Llama 3's `\p{N}{1,3}` match alike.
+pub(crate) const MINICPM5: &[Find] = &[
+    |s, from| run(s, from, 3, is_number),
+    |s, from| llama3_pieces(&s[from..], 3).next().map(|p| (from, from + p.len())),
 ];
 
 /// The scanners of [`DEEPSEEK_LLM_SPLITS`], in order.
@@ -295,6 +312,7 @@ pub(crate) fn chain_of(pre: PreTokenizer) -> Option<&'static [Find]> {
         PreTokenizer::DeepSeekLlmDigits => Some(DEEPSEEK_LLM_DIGITS),
         PreTokenizer::DeepSeekCoder => Some(DEEPSEEK_CODER),
         PreTokenizer::DeepSeekV3 => Some(DEEPSEEK_V3),
+        PreTokenizer::MiniCpm5 => Some(MINICPM5),
         _ => None,
     }
 }
