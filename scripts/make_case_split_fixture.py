@@ -19,11 +19,11 @@ import re
 import sys
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, pre_tokenizers
+from tokenizers import Regex, pre_tokenizers
 from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_split_chain_fixture import random_texts  # noqa: E402
+from make_split_chain_fixture import print_rows, random_texts, tiny_llama_with  # noqa: E402
 
 src = open("src/tokenizer/pretokenize.rs", encoding="utf-8").read()
 patterns = {name: re.search(rf'pub const {const}: &str =\s*r"(.*)";', src).group(1)
@@ -45,15 +45,4 @@ texts += ["!\u0301a .\u0301\u0302 ,\u20dd x \u093f\u093f 1\u0301 \u0301\u0301!! 
           "\u0301\n\u0301\r\n \u0301 a\u0301'S e\u0301'll \u20dd\u20dd", "क्षि ि ि 👍🏽\u0301 ٱللَّٰه ـَـ"]
 texts += random_texts(400)
 splitters = {n: pre_tokenizers.Split(Regex(p), "isolated") for n, p in patterns.items()}
-bpe = {}
-for n, sp in splitters.items():
-    tok = Tokenizer.from_file("tests/fixtures/tiny-llama/tokenizer.json")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([sp, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    bpe[n] = tok
-for t in texts:
-    row = {"text": t}
-    for n, sp in splitters.items():
-        row[n] = [piece for piece, _ in sp.pre_tokenize_str(t)]
-        if len(t) <= 300:
-            row[n + "_ids"] = bpe[n].encode(t, add_special_tokens=False).ids
-    print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+print_rows(texts, splitters, {n: tiny_llama_with([sp]) for n, sp in splitters.items()})

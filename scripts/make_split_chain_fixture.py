@@ -97,6 +97,27 @@ POOL = (list("aZ xy Q") + list("0123456789") + list(" \t\r\n  ") + list(".,;:!?'
         + list("½²Ⅻ٣๕") + ["😀", "👍", "🏽", "❤", "\ufe0f", "€", "©", "∑", "←", "™"] + ["𐐀", "𞤀", "𝐀", "𑢠"])
 
 
+def tiny_llama_with(steps):
+    """tests/fixtures/tiny-llama's byte-level BPE with its pre-tokenizer replaced by `steps`
+    then ByteLevel(use_regex=False)."""
+    tok = Tokenizer.from_file("tests/fixtures/tiny-llama/tokenizer.json")
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps + [pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                   use_regex=False)])
+    return tok
+
+
+def print_rows(texts, splitters, bpe):
+    """One JSON line per text: each splitter's pieces, and its BPE ids for texts of up to 300
+    characters."""
+    for t in texts:
+        row = {"text": t}
+        for n, sp in splitters.items():
+            row[n] = [piece for piece, _ in sp.pre_tokenize_str(t)]
+            if len(t) <= 300:
+                row[n + "_ids"] = bpe[n].encode(t, add_special_tokens=False).ids
+        print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+
+
 def random_texts(n, seed=31):
     rng = random.Random(seed)
     return ["".join(rng.choice(POOL) for _ in range(rng.randint(1, 40))) for _ in range(n)]
@@ -137,21 +158,10 @@ def main():
     same = {"deepseek-coder": pre_tokenizers.Sequence(splits(chains["deepseek-coder"])),
             "deepseek-llm": pre_tokenizers.Sequence(
                 splits(chains["deepseek-llm"][:-1]) + [pre_tokenizers.Digits(individual_digits=False)])}
-    bpe = {}
-    for n, s in steps.items():
-        tok = Tokenizer.from_file("tests/fixtures/tiny-llama/tokenizer.json")
-        tok.pre_tokenizer = pre_tokenizers.Sequence(s + [pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                   use_regex=False)])
-        bpe[n] = tok
     for t in texts:
         for n, sp in same.items():
             assert sp.pre_tokenize_str(t) == splitters[n].pre_tokenize_str(t), (n, t)
-        row = {"text": t}
-        for n, sp in splitters.items():
-            row[n] = [piece for piece, _ in sp.pre_tokenize_str(t)]
-            if len(t) <= 300:
-                row[n + "_ids"] = bpe[n].encode(t, add_special_tokens=False).ids
-        print(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+    print_rows(texts, splitters, {n: tiny_llama_with(s) for n, s in steps.items()})
 
 
 if __name__ == "__main__":

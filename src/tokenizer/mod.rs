@@ -98,8 +98,9 @@ impl PreTokenizer {
     /// gives one of these patterns with no other special-token rule (not `jina-v1-en`,
     /// `jina-v2-code` or `roberta-bpe`, which add a separator token, nor `jina-v2-es` or
     /// `jina-v2-de`, which strip before `<mask>`; GLM's names only default to no BOS
-    /// token, which the file's `bos_token_id` overrides in llama.cpp as here). (A word that is a whole vocabulary token is that token for every
-    /// pre-tokenizer here; llama.cpp sets `ignore_merges` for some names only.)
+    /// token, which the file's `bos_token_id` overrides in llama.cpp as here). (A word that
+    /// is a whole vocabulary token is that token for every pre-tokenizer here; llama.cpp
+    /// sets `ignore_merges` for some names only.)
     pub const GGUF_NAMES: [(&'static str, PreTokenizer); 59] = [
         ("gpt-2", PreTokenizer::Gpt2),
         ("phi-2", PreTokenizer::Gpt2),
@@ -304,8 +305,8 @@ fn bos_of_post_processor(post: &Value) -> Option<u32> {
 /// The [`PreTokenizer`] an HF `tokenizer.json` pipeline amounts to, if it is one of the
 /// pipelines byte-level models ship: GPT-2's `ByteLevel`, SmolLM2's `Digits` + `ByteLevel`,
 /// Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's and Tekken's `Split` (their pattern, isolated) or
-/// DeepSeek's chains of them (LLM's and Coder's may end in HF's `Digits`, which is a split on
-/// `\p{N}` or `\p{N}+`) + `ByteLevel` without a pattern.
+/// DeepSeek's and MiniCPM 5's chains of them (DeepSeek LLM's and Coder's may end in HF's
+/// `Digits`, which is a split on `\p{N}` or `\p{N}+`) + `ByteLevel` without a pattern.
 pub fn pre_tokenizer_of_json(pre: &Value) -> Option<PreTokenizer> {
     let byte_level = |v: &Value, use_regex: bool| {
         v["type"] == "ByteLevel"
@@ -452,7 +453,7 @@ impl Tokenizer {
                         format!(
                             "{e} (supported pre-tokenizers: ByteLevel with GPT-2's pattern; Digits(individual_digits) \
                              then ByteLevel (SmolLM2); Split with Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's or Tekken's pattern, or \
-                             DeepSeek LLM's, Coder's or V3's chain of Splits, then ByteLevel without its pattern; for character-level vocabularies none, Metaspace, Split on a \
+                             DeepSeek LLM's, Coder's or V3's or MiniCPM 5's chain of Splits, then ByteLevel without its pattern; for character-level vocabularies none, Metaspace, Split on a \
                              string, or a Sequence of them)"
                         ),
                     )
