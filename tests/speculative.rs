@@ -163,7 +163,7 @@ fn oracle(requests: &[Request], plain: &[Trace]) -> Oracle {
 /// The plain run, then the oracle's, n-gram's and the model-drafted runs: all equal.
 fn check_all_drafters<B: Backend>(
     engine: &Engine<B>,
-    draft: Option<&Engine<B>>,
+    draft: Option<&dyn batch_forge::model::CausalLm<B>>,
     requests: &[Request],
     parallel: usize,
 ) {
@@ -175,8 +175,7 @@ fn check_all_drafters<B: Backend>(
     assert_eq!(spec, plain, "n-gram drafts (parallel {parallel}; {accepted} of {drafted} accepted)");
     assert!(drafted > 0, "the n-gram drafter proposed nothing");
     if let Some(d) = draft {
-        let (spec, (drafted, accepted)) =
-            run(engine, parallel, requests, Some((Box::new(ModelDrafter::new(&*d.model)), 4)));
+        let (spec, (drafted, accepted)) = run(engine, parallel, requests, Some((Box::new(ModelDrafter::new(d)), 4)));
         assert_eq!(spec, plain, "draft-model drafts (parallel {parallel}; {accepted} of {drafted} accepted)");
         assert!(drafted > 0, "the draft model proposed nothing");
     }
@@ -192,9 +191,9 @@ fn drafts_change_no_bit_of_a_random_llama() {
     let draft = load_cpu("tiny-llama-odd", true); // same tokenizer, other weights
     let requests: Vec<Request> = prompts(384).iter().enumerate().map(|(i, p)| request(i as u64, p, 40)).collect();
     // One alone (greedy and sampled), then all sixteen in one batch.
-    check_all_drafters(&engine, Some(&draft), &requests[..1], 1);
-    check_all_drafters(&engine, Some(&draft), &requests[1..2], 1);
-    check_all_drafters(&engine, Some(&draft), &requests, 16);
+    check_all_drafters(&engine, Some(&*draft.model), &requests[..1], 1);
+    check_all_drafters(&engine, Some(&*draft.model), &requests[1..2], 1);
+    check_all_drafters(&engine, Some(&*draft.model), &requests, 16);
 }
 
 #[test]
@@ -497,8 +496,10 @@ fn smollm2_copies_with_ngram_drafts_bit_for_bit() {
     assert!(accepted > 0 && accepted < drafted);
 }
 
-/// The same on the gpu backend (batch-invariant kernels; lavapipe in CI): greedy
-/// requests take the argmax on the device, sampled ones read logits back.
+/// The same on the gpu backend (batch-invariant kernels; lavapipe in CI): oracle,
+/// n-gram and draft-model drafts, one request alone (greedy, then sampled) and sixteen
+/// at once. Greedy requests without logprobs take the argmax on the device (the draft
+/// model's picks too), the others read logits back.
 #[cfg(feature = "gpu")]
 #[test]
 fn drafts_change_no_bit_on_the_gpu() {
@@ -507,15 +508,14 @@ fn drafts_change_no_bit_on_the_gpu() {
         return;
     };
     let engine = Engine::load(backend, &fixture("tiny-llama")).unwrap();
-    let mut requests: Vec<Request> =
-        prompts(384).iter().enumerate().take(8).map(|(i, p)| request(i as u64, p, 24)).collect();
+    let draft = load_model(&engine.backend, &fixture("tiny-llama-odd")).unwrap(); // on the same device
+    let mut requests: Vec<Request> = prompts(384).iter().enumerate().map(|(i, p)| request(i as u64, p, 24)).collect();
     for r in requests.iter_mut().step_by(2) {
         r.logprobs = None; // greedy without logprobs: the argmax on the device
     }
-    let (plain, _) = run(&engine, 8, &requests, None);
-    let (spec, (drafted, accepted)) = run(&engine, 8, &requests, Some((Box::new(oracle(&requests, &plain)), 6)));
-    assert_eq!(spec, plain);
-    assert!(accepted > 0 && accepted < drafted, "{accepted} of {drafted}");
+    check_all_drafters(&engine, Some(&*draft.model), &requests[..1], 1);
+    check_all_drafters(&engine, Some(&*draft.model), &requests[1..2], 1);
+    check_all_drafters(&engine, Some(&*draft.model), &requests, 16);
 }
 
 /// `--draft-batch-max`: no drafts while more sequences run than it allows.
@@ -575,4 +575,119 @@ fn a_conversation_speculates_turn_after_turn() {
     let (spec, drafted) = turns(true);
     assert!(drafted > 0);
     assert_eq!(spec, turns(false).0);
+}
+
+/// A draft model seen through a counter: the largest KV cache it was asked for and the
+/// most rows one of its forwards fed.
+struct Counted<'a, B: Backend> {
+    inner: &'a dyn batch_forge::model::CausalLm<B>,
+    max_capacity: std::sync::atomic::AtomicUsize,
+    max_rows: std::sync::atomic::AtomicUsize,
+}
+
+impl<B: Backend> batch_forge::model::CausalLm<B> for Counted<'_, B> {
+    fn info(&self) -> &batch_forge::model::ModelInfo {
+        self.inner.info()
+    }
+    fn kv_width(&self) -> usize {
+        self.inner.kv_width()
+    }
+    fn kv_head_dim(&self) -> usize {
+        self.inner.kv_head_dim()
+    }
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+        self.max_capacity.fetch_max(capacity, Ordering::Relaxed);
+        self.inner.new_cache(backend, capacity)
+    }
+    fn forward_traced(
+        &self,
+        backend: &B,
+        batch: &batch_forge::model::Batch,
+        caches: &mut [&mut B::KvCache],
+        which: batch_forge::model::LogitRows<'_>,
+        trace: &mut dyn FnMut(batch_forge::model::Stage, &B::Act) -> anyhow::Result<()>,
+    ) -> anyhow::Result<B::Act> {
+        self.max_rows.fetch_max(batch.tokens.len(), Ordering::Relaxed);
+        self.inner.forward_traced(backend, batch, caches, which, trace)
+    }
+}
+
+/// A draft model's caches stay inside what each request reserved in the block pool, and
+/// it catches up on new prompts in forwards of bounded rows: the model drafting for
+/// itself (greedy, so every draft is right) with catch-up chunks of 8 rows over eight
+/// prompts of 5 to 17 tokens accepts every draft and changes no bit.
+#[test]
+fn a_draft_model_catches_up_in_chunks_inside_the_reserved_positions() {
+    let engine = load_cpu("tiny-llama", true);
+    let requests: Vec<Request> =
+        prompts(384).iter().enumerate().filter(|(i, _)| i % 2 == 0).map(|(i, p)| request(i as u64, p, 12)).collect();
+    let reserved = requests.iter().map(|r| r.prompt.len() + r.max_tokens - 1).max().unwrap();
+    assert!(requests.iter().map(|r| r.prompt.len()).sum::<usize>() > 8 * 8, "the prompts need several chunks");
+    let (plain, _) = run(&engine, 8, &requests, None);
+    let counted = Counted { inner: &*engine.model, max_capacity: Default::default(), max_rows: Default::default() };
+    let drafter = ModelDrafter::new(&counted).catch_up_in(8);
+    let (spec, (drafted, accepted)) = run(&engine, 8, &requests, Some((Box::new(drafter), 5)));
+    assert_eq!(spec, plain);
+    assert!(drafted > 20 && accepted == drafted, "{accepted} of {drafted}");
+    let (capacity, rows) = (counted.max_capacity.load(Ordering::Relaxed), counted.max_rows.load(Ordering::Relaxed));
+    assert!(capacity <= reserved, "a draft cache of {capacity} positions; the largest request reserved {reserved}");
+    assert!(rows <= 8, "a draft forward of {rows} rows");
+}
+
+/// Drafts take at most half of a step's budget left after decode rows while a prompt
+/// waits: with a budget of 16 rows and drafts of 15 that are always right, a second
+/// prompt of 40 tokens still gets its first token while the first request is young.
+#[test]
+fn drafts_leave_room_for_a_waiting_prompt() {
+    let engine = load_cpu("tiny-llama", true);
+    let mut requests = [request(0, &prompts(384)[0], 110), request(2, &prompts(384)[5].repeat(8)[..40], 4)];
+    requests[1].logprobs = Some(3);
+    let cfg = SchedulerConfig { batch_tokens: 16, ..config(2) };
+    let mut traces: Vec<Vec<u32>> = Vec::new();
+    for drafts in [false, true] {
+        let mut s = Scheduler::new(&engine.backend, &*engine.model, cfg.clone(), vec![], Arc::new(Metrics::default()));
+        if drafts {
+            // An oracle that is never wrong: the first request's plain continuation.
+            let truth = [(0, (requests[0].prompt.len(), traces[0].clone())), (2, (40, traces[1].clone()))];
+            let oracle = Right(truth.into_iter().collect());
+            s = s.with_drafter(Box::new(oracle), 15, 0);
+        }
+        requests.iter().for_each(|r| s.add(r.clone()));
+        let (mut events, mut out) = (Vec::new(), vec![Vec::new(), Vec::new()]);
+        let mut first_had = None;
+        while s.busy() {
+            s.step(&mut events);
+            for (id, e) in events.drain(..) {
+                if let Event::Token { id: t, .. } | Event::EndToken { id: t, .. } = e {
+                    let i = usize::from(id == 2);
+                    if i == 1 && out[1].is_empty() {
+                        first_had = Some(out[0].len());
+                    }
+                    out[i].push(t);
+                }
+            }
+        }
+        if drafts {
+            assert_eq!(out, traces, "drafts changed the tokens");
+            let had = first_had.unwrap();
+            assert!(had < 55, "the waiting prompt's first token came after {had} of the first request's 110");
+            assert!(s.metrics().spec_accepted_tokens.load(Ordering::Relaxed) > 50);
+        } else {
+            traces = out;
+        }
+    }
+}
+
+/// Drafts the plain continuation of each request, never wrong.
+struct Right(HashMap<u64, (usize, Vec<u32>)>);
+
+impl<B: Backend> Drafter<B> for Right {
+    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+        for (s, d) in seqs.iter().zip(drafts.iter_mut()) {
+            let (prompt_len, truth) = &self.0[&s.id];
+            let done = s.tokens.len() - prompt_len;
+            d.extend(truth[done.min(truth.len())..].iter().take(s.max));
+        }
+        Ok(())
+    }
 }

@@ -324,3 +324,74 @@ fn what_cannot_be_enforced_is_an_error_naming_it() {
         assert!(e.contains(want), "{spec:?}: {e}");
     }
 }
+
+/// On the gpu backend (lavapipe in CI): constrained requests beside a free one in one
+/// batch, greedy (the mask then keeps the pick on the host) and sampled. Each output
+/// matches its regex and ends, and n-gram drafts change no token.
+#[cfg(feature = "gpu")]
+#[test]
+fn constraints_hold_on_the_gpu_beside_free_text() {
+    use batch_forge::backend::gpu::GpuOptions;
+    let Some(backend) = common::gpu_backend(GpuOptions { batch_invariant: true, ..GpuOptions::default() }) else {
+        return;
+    };
+    let engine = Engine::load(backend, &fixture("tiny-llama")).unwrap();
+    let g = Grammars::new(&engine.tokenizer, engine.model.info().vocab_size, &engine.end_of_generation).unwrap();
+    let prompt = engine.prompt_ids("hello");
+    let mut requests: Vec<Request> = (0..6u64)
+        .map(|i| {
+            let sampling = if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams { seed: i, temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() }
+            };
+            let mut r = Request::new(i, prompt.clone(), 40, sampling);
+            r.constraint = Some(g.compile(&GrammarSpec::Regex("[0-9]{3}-[a-z]{2}".into())).unwrap());
+            r
+        })
+        .collect();
+    let mut free = Request::new(6, prompt.clone(), 20, SamplingParams::greedy());
+    free.ignore_eos = true;
+    requests.push(free);
+    let run = |ngram: bool| {
+        let config = SchedulerConfig { parallel: 8, ..SchedulerConfig::single(4096) };
+        let mut s = Scheduler::new(
+            &engine.backend,
+            &*engine.model,
+            config,
+            engine.end_of_generation.clone(),
+            Arc::new(Metrics::default()),
+        );
+        if ngram {
+            s = s.with_drafter(Box::new(NgramDrafter::new(3)), 8, 0);
+        }
+        requests.iter().for_each(|r| s.add(r.clone()));
+        let mut got = vec![(Vec::new(), None); requests.len()];
+        let mut events = Vec::new();
+        while s.busy() {
+            s.step(&mut events);
+            for (id, e) in events.drain(..) {
+                match e {
+                    Event::Token { id: t, .. } => got[id as usize].0.push(t),
+                    Event::Finished { reason, .. } => got[id as usize].1 = Some(reason),
+                    Event::Failed(e) => panic!("request {id}: {e}"),
+                    _ => {}
+                }
+            }
+        }
+        got
+    };
+    let got = run(false);
+    for (i, (tokens, finish)) in got.iter().take(6).enumerate() {
+        let t = engine.tokenizer.decode(tokens).unwrap();
+        let b = t.as_bytes();
+        let ok = b.len() == 6
+            && b[..3].iter().all(u8::is_ascii_digit)
+            && b[3] == b'-'
+            && b[4..].iter().all(u8::is_ascii_lowercase);
+        assert!(ok, "request {i}: {t:?}");
+        assert_eq!(*finish, Some(Finish::Eos), "request {i}");
+    }
+    assert_eq!(got[6].0.len(), 20, "the free request");
+    assert_eq!(run(true), got, "with n-gram drafts");
+}

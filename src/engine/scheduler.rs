@@ -6,9 +6,11 @@
 //!
 //! A step is plan → run → update:
 //! - **plan**: admit waiting requests while their KV blocks are free (a request is
-//!   dropped the moment [`Scheduler::abort`] is called), then choose the rows: one decode row for every running sequence, then
-//!   chunks of waiting prompts up to a per-step token budget (chunked prefill), so a
-//!   long prompt never stalls the sequences already decoding;
+//!   dropped the moment [`Scheduler::abort`] is called), then choose the rows: one
+//!   decode row for every running sequence, then the drafts to verify (speculative
+//!   decoding; at most half of the budget left while a prompt waits), then chunks of
+//!   waiting prompts up to a per-step token budget (chunked prefill), so a long prompt
+//!   never stalls the sequences already decoding;
 //! - **run**: one forward over those rows, then the token picker: the argmax on the
 //!   device when every sequence is greedy without penalties or logprobs and the backend
 //!   can (only the ids are read back), else the logits on the host and each sequence's
@@ -23,7 +25,10 @@
 //! full blocks; a new prompt that starts with cached blocks copies those positions
 //! instead of computing them again. A request that names a session (a conversation)
 //! leaves its cache pinned to that session instead, and the session's next request
-//! reuses every position it shares with it.
+//! reuses every position it shares with it. A draft model's cache for a sequence
+//! (speculative decoding) holds at most the positions that sequence reserved, so with
+//! `--model-draft` each reserved position stands for the draft model's keys and values
+//! as well as the model's.
 //!
 //! The loop knows nothing of the model's architecture ([`CausalLm`]), of HTTP or of
 //! terminals: requests come in through [`Scheduler::add`], and each step appends what
@@ -468,12 +473,18 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 budget -= 1;
             }
         }
-        // Then drafts to verify, before new prompts.
+        // Then drafts to verify, before new prompts; while a prompt waits for its
+        // chunk, they take at most half of what is left, so that speculation never
+        // holds a prompt's prefill back for long.
+        let prompt_waits = self.running.iter().any(|s| s.tokens.len() - s.cached > 1);
+        let mut draft_budget = if prompt_waits { budget / 2 } else { budget };
+        budget -= draft_budget;
         for (f, s) in self.feed.iter_mut().zip(&mut self.running) {
-            s.draft.truncate(budget);
+            s.draft.truncate(draft_budget);
             *f += s.draft.len();
-            budget -= s.draft.len();
+            draft_budget -= s.draft.len();
         }
+        budget += draft_budget;
         for (f, s) in self.feed.iter_mut().zip(&self.running) {
             let pending = s.tokens.len() - s.cached;
             if pending > 1 && budget > 0 {
@@ -513,7 +524,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let eligible = s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants();
             let s = &*s;
             let max = if eligible { s.pace.len.max(*draft_min).min(*draft_max).min(left - 1) } else { 0 };
-            asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max });
+            let reserved = positions_for(s.request.prompt.len(), s.request.max_tokens);
+            asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max, reserved });
         }
         self.drafts.resize_with(asked.len(), Vec::new);
         self.drafts.iter_mut().for_each(Vec::clear);

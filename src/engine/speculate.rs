@@ -22,6 +22,7 @@
 use anyhow::{Context, ensure};
 
 use super::sampler::argmax;
+use super::scheduler::INITIAL_SLACK;
 use crate::backend::{Backend, HostMatrix, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
 
@@ -33,6 +34,10 @@ pub struct DraftSeq<'a> {
     pub tokens: &'a [u32],
     /// Tokens to propose at most.
     pub max: usize,
+    /// KV positions its request reserved in the scheduler's block pool. A drafter that
+    /// caches keys and values (a draft model) holds at most this many positions for it,
+    /// so the pool's reservation bounds the draft model's caches too.
+    pub reserved: usize,
 }
 
 /// Proposes draft tokens; the scheduler verifies them.
@@ -175,19 +180,39 @@ struct DraftCache<C> {
     tokens: Vec<u32>,
 }
 
+/// Rows per forward when a draft model catches up on what its caches lack (a new
+/// prompt): the activations of one forward stay bounded however long the prompts.
+pub const CATCH_UP_CHUNK: usize = 512;
+
 /// Greedy decoding with a draft model: per step, one forward feeds each sequence what
 /// its draft cache lacks (the whole prompt the first time, then the tokens accepted
-/// since), then one forward per further draft token, all sequences batched.
+/// since; forwards of at most [`CATCH_UP_CHUNK`] rows before it when that is long),
+/// then one forward per further draft token, all sequences batched. Each sequence's
+/// draft cache grows as it fills, up to the positions its request reserved.
 pub struct ModelDrafter<'m, B: Backend> {
     model: &'m dyn CausalLm<B>,
     caches: Vec<DraftCache<B::KvCache>>,
     logits: HostMatrix,
     ids: Vec<u32>,
+    /// Rows per catch-up forward ([`CATCH_UP_CHUNK`]).
+    chunk: usize,
 }
 
 impl<'m, B: Backend> ModelDrafter<'m, B> {
     pub fn new(model: &'m dyn CausalLm<B>) -> Self {
-        ModelDrafter { model, caches: Vec::new(), logits: HostMatrix::zeros(0, 0), ids: Vec::new() }
+        ModelDrafter {
+            model,
+            caches: Vec::new(),
+            logits: HostMatrix::zeros(0, 0),
+            ids: Vec::new(),
+            chunk: CATCH_UP_CHUNK,
+        }
+    }
+
+    /// Catch up in forwards of at most `rows` rows instead of [`CATCH_UP_CHUNK`].
+    pub fn catch_up_in(mut self, rows: usize) -> Self {
+        self.chunk = rows.max(1);
+        self
     }
 
     /// The argmax of each row of `out` into `self.ids`.
@@ -201,9 +226,9 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
         Ok(())
     }
 
-    /// One forward of `rows[k]` tokens after each listed cache's own, then the argmax of
-    /// each one's last row into `self.ids`.
-    fn run(&mut self, backend: &B, which: &[usize], rows: &[&[u32]]) -> anyhow::Result<()> {
+    /// One forward of `rows[k]` tokens after each listed cache's own, then (`pick`) the
+    /// argmax of each one's last row into `self.ids`.
+    fn run(&mut self, backend: &B, which: &[usize], rows: &[&[u32]], pick: bool) -> anyhow::Result<()> {
         let mut tokens = Vec::with_capacity(rows.iter().map(|r| r.len()).sum());
         let mut seqs = Vec::with_capacity(which.len());
         for (&c, r) in which.iter().zip(rows) {
@@ -232,7 +257,7 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
         for (&c, r) in which.iter().zip(rows) {
             self.caches[c].tokens.extend_from_slice(r);
         }
-        self.pick(backend, &out)
+        if pick { self.pick(backend, &out) } else { Ok(()) }
     }
 }
 
@@ -248,10 +273,17 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
             if s.max == 0 || s.tokens.is_empty() || need > context {
                 continue;
             }
+            // The positions reserved for the sequence bound its draft cache: never more
+            // than the pool accounts for (`need` fits them: it is at most the sequence's
+            // tokens and drafts but the last).
+            let most = s.reserved.min(context);
+            if need > most {
+                continue;
+            }
             let ci = match self.caches.iter().position(|c| c.id == s.id) {
                 Some(ci) => ci,
                 None => {
-                    let capacity = need.saturating_add(256).min(context);
+                    let capacity = need.saturating_add(INITIAL_SLACK).min(most);
                     let cache = self.model.new_cache(backend, capacity).context("the draft model's KV cache")?;
                     self.caches.push(DraftCache { id: s.id, cache, capacity, tokens: Vec::new() });
                     self.caches.len() - 1
@@ -265,7 +297,7 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
                 continue; // a token this model does not have (the model's vocabulary is larger)
             }
             if need > c.capacity {
-                let capacity = need.max(c.capacity.saturating_mul(2)).min(context);
+                let capacity = need.max(c.capacity.saturating_mul(2)).min(most);
                 let mut grown = self.model.new_cache(backend, capacity).context("the draft model's KV cache")?;
                 self.model.copy_cache_prefix(backend, &c.cache, &mut grown, keep)?;
                 c.cache = grown;
@@ -277,9 +309,36 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
         if plan.is_empty() {
             return Ok(());
         }
+        // Catch up in forwards of at most `chunk` rows: all but the last `chunk` rows
+        // fed first (prefixes of each sequence's pending tokens, in order), then one
+        // forward whose last row of each sequence is picked.
+        let mut fed: Vec<usize> = plan.iter().map(|p| p.2).collect();
+        let chunk = self.chunk;
+        loop {
+            let pending: usize = plan.iter().zip(&fed).map(|(&(_, si, _), &f)| seqs[si].tokens.len() - f).sum();
+            if pending <= chunk {
+                break;
+            }
+            let mut room = (pending - chunk).min(chunk);
+            let (mut which, mut rows) = (Vec::new(), Vec::new());
+            for (k, &(ci, si, _)) in plan.iter().enumerate() {
+                // Never a sequence's last token: the final forward picks from it.
+                let take = (seqs[si].tokens.len() - 1 - fed[k]).min(room);
+                if take > 0 {
+                    which.push(ci);
+                    rows.push(&seqs[si].tokens[fed[k]..fed[k] + take]);
+                    fed[k] += take;
+                    room -= take;
+                }
+            }
+            if which.is_empty() {
+                break;
+            }
+            self.run(backend, &which, &rows, false)?;
+        }
         let which: Vec<usize> = plan.iter().map(|p| p.0).collect();
-        let rows: Vec<&[u32]> = plan.iter().map(|&(_, si, keep)| &seqs[si].tokens[keep..]).collect();
-        self.run(backend, &which, &rows)?;
+        let rows: Vec<&[u32]> = plan.iter().zip(&fed).map(|(&(_, si, _), &f)| &seqs[si].tokens[f..]).collect();
+        self.run(backend, &which, &rows, true)?;
         for (k, &(_, si, _)) in plan.iter().enumerate() {
             drafts[si].push(self.ids[k]);
         }
@@ -294,7 +353,7 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
             let last: Vec<[u32; 1]> =
                 active.iter().map(|&(_, si)| [*drafts[si].last().expect("one drafted")]).collect();
             let rows: Vec<&[u32]> = last.iter().map(|t| &t[..]).collect();
-            self.run(backend, &which, &rows)?;
+            self.run(backend, &which, &rows, true)?;
             for (k, &(_, si)) in active.iter().enumerate() {
                 drafts[si].push(self.ids[k]);
             }
