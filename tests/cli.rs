@@ -965,6 +965,61 @@ fn bench_validates_first_and_writes_json_and_csv() {
     assert!(stdout(&o).contains("| tiny-gpt2 | ") && !stdout(&o).contains(m), "{}", stdout(&o));
 }
 
+/// `bench -f FILE` times tg after a real prompt (llama-bench's depth), with n-gram drafts
+/// (their acceptance reported) and with a constraint (an output that ends early is
+/// counted by the tokens it has); what needs a tokenizer or a tg test is refused first.
+#[test]
+fn bench_times_tg_after_a_prompt_with_drafts_and_constraints() {
+    let model = fixture("tiny-gpt2"); // n_positions 128
+    let m = model.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = dir.path().join("prompt.txt");
+    std::fs::write(&prompt, "one two three four five six seven eight one two three four five six seven eight\n")
+        .unwrap();
+    let p = prompt.to_str().unwrap();
+    for (args, want) in [
+        (vec!["bench", "--random", "gpt2", "-n", "8", "--draft-ngram", "2"], "need a model with its tokenizer (-m)"),
+        (vec!["bench", "-m", m, "-f", p, "-p", "8", "-n", "0"], "apply to the tg tests"),
+        (
+            vec!["bench", "-m", m, "-f", p, "-p", "0", "-n", "120"],
+            "tg120 after the prompt of 16 tokens needs 136 positions",
+        ),
+        (vec!["bench", "-m", m, "-f", "/nonexistent/prompt.txt", "-p", "0", "-n", "8"], "cannot read it"),
+        (vec!["bench", "-m", m, "-p", "0", "-n", "8", "--regex", "[0-9"], "invalid regex"),
+        (vec!["bench", "-m", m, "-n", "8", "--draft-max", "4"], "--draft-max needs --draft-ngram"),
+    ] {
+        let o = forge(&args);
+        assert_clean_error(&o, want);
+        assert!(o.stdout.is_empty(), "printed before failing: {}", stdout(&o));
+    }
+    assert_usage_error(&forge(&["bench", "-m", m, "--chat", "-n", "8"]), "--file");
+    let o = forge(&["bench", "-m", m, "-f", p, "-p", "0", "-n", "12", "-r", "2", "--npl", "1,2", "-o", "json"]);
+    let rows = json_out(&o);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (r, test) in rows.iter().zip(["tg12 @ d16", "tg12 x2 @ d16"]) {
+        assert_eq!(r["test"], test);
+        assert_eq!((r["n_depth"].as_u64(), r["n_gen_avg"].as_f64()), (Some(16), Some(12.0)));
+        assert!(r["n_drafted"].is_null() && r["avg_ts"].as_f64().unwrap() > 0.0);
+    }
+    let o = forge(&["bench", "-m", m, "-f", p, "-p", "0", "-n", "12", "-r", "2", "--draft-ngram", "2", "-o", "json"]);
+    let r = &json_out(&o)[0];
+    assert_eq!(r["test"], "tg12 @ d16 +ngram2");
+    assert!(r["dtype"].as_str().unwrap().contains("batch-invariant"), "{r}");
+    let (drafted, accepted) = (r["n_drafted"].as_u64().unwrap(), r["n_accepted"].as_u64().unwrap());
+    assert!(drafted > 0 && accepted <= drafted, "{r}");
+    assert_eq!(r["accept_rate"].as_f64().unwrap(), accepted as f64 / drafted as f64);
+    let o = forge(&["bench", "-m", m, "-f", p, "-p", "0", "-n", "12", "-r", "1", "--draft-ngram", "2"]);
+    assert!(stdout(&o).contains("| tg12 @ d16 +ngram2 ("), "{}", stdout(&o));
+    assert!(stdout(&o).contains("% accepted) |"), "{}", stdout(&o));
+    // Six digits end the output (at most six tokens and the end token): fewer than 12.
+    let o = forge(&["bench", "-m", m, "-f", p, "-p", "0", "-n", "12", "-r", "1", "--regex", "[0-9]{6}", "-o", "json"]);
+    let r = &json_out(&o)[0];
+    assert_eq!(r["test"], "tg12 @ d16 +regex");
+    let generated = r["n_gen_avg"].as_f64().unwrap();
+    assert!((1.0..=6.0).contains(&generated), "{r}");
+}
+
 /// `tokenize --jsonl` answers line N with line N (blank lines too) and keeps other
 /// fields; stdin's trailing newline is tokenized unless --strip-newline; `detokenize`
 /// turns ids back into the exact text.

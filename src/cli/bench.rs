@@ -1,6 +1,9 @@
 //! `forge bench`: llama-bench's measurements. pp N = one forward pass over N prompt
-//! tokens; tg N = N one-token decode steps from an empty context. Each test runs once
-//! to warm up, then `-r` times; the table shows mean ± standard deviation of tokens/s.
+//! tokens; tg N = N one-token decode steps from an empty context, or (`-f FILE`) the N
+//! tokens after a real prompt's first, optionally with speculative decoding
+//! (`--draft-ngram`, `--model-draft`) or a constraint (`--json-schema`, `--grammar`,
+//! `--regex`). Each test runs once to warm up, then `-r` times; the table shows mean ±
+//! standard deviation of tokens/s.
 //! Every flag and every test is checked against the model before the first line is
 //! printed; `-o md|json|jsonl|csv` picks llama-bench's output formats and field names.
 
@@ -13,12 +16,14 @@ use clap::Args;
 
 use batch_forge::backend::cpu::simd;
 use batch_forge::backend::{Backend, SeqSlice};
+use batch_forge::chat::Message;
+use batch_forge::engine::grammar::{Constraint, GrammarSpec, Grammars};
 use batch_forge::engine::sampler::Rng;
-use batch_forge::engine::scheduler::{BLOCK_TOKENS, blocks_for};
-use batch_forge::engine::{Event, Metrics, Request, SamplingParams, Scheduler, SchedulerConfig};
+use batch_forge::engine::scheduler::{BLOCK_TOKENS, blocks_for, positions_for};
+use batch_forge::engine::{Engine, Event, Metrics, Request, SamplingParams, Scheduler, SchedulerConfig};
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::random::random_checkpoint;
-use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows, load_model};
+use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows};
 use batch_forge::tensor::KvDtype;
 
 use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
@@ -66,6 +71,19 @@ pub struct BenchArgs {
     /// what the guarantee costs.
     #[arg(long)]
     batch_invariant: bool,
+    /// Start each tg sequence from this prompt (a text file, read as `forge generate -f`
+    /// reads it) instead of one random token, and time the tg tokens after the prompt's
+    /// first: llama-bench's depth (`tg128 @ d300`) with real text, which speculative
+    /// decoding and structured output need.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    prompt_file: Option<std::path::PathBuf>,
+    /// Wrap the -f text in the model's chat template, as one user message.
+    #[arg(long, requires = "prompt_file")]
+    chat: bool,
+    #[command(flatten)]
+    spec: super::SpecArgs,
+    #[command(flatten)]
+    constraint: super::generate::ConstraintArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,6 +149,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         !tests(&args).is_empty(),
         "nothing to measure: every -p and -n length is 0 (give e.g. -p 512 -n 128, or --memory)"
     );
+    args.spec.validate()?;
+    let constraint = args.constraint.spec()?; // files readable, schemas JSON
+    let needs_text = [
+        (args.prompt_file.is_some(), "-f"),
+        (args.spec.is_on(), "--draft-ngram and --model-draft"),
+        (constraint.is_some(), "--json-schema, --grammar and --regex"),
+    ];
+    if let Some((_, what)) = needs_text.iter().find(|(on, _)| *on) {
+        anyhow::ensure!(args.random.is_none(), "{what} need a model with its tokenizer (-m), not --random");
+        anyhow::ensure!(
+            args.n_gen.iter().any(|&n| n > 0),
+            "{what} apply to the tg tests; give a generation length (-n)"
+        );
+    }
     super::warn_threads(&args.threads);
     if args.backend.backend == BackendChoice::Gpu && !args.threads.is_empty() {
         eprintln!("warning: -t does not apply to --backend gpu (one row per test, threads shown as -)");
@@ -179,7 +211,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         dtype.push_str(" (batch-invariant)");
     }
     let mut args = args;
-    args.backend.batch_invariant = args.batch_invariant;
+    // Verification rows must be computed as a lone decode row would be.
+    args.backend.batch_invariant = args.batch_invariant || args.spec.is_on();
+    if args.spec.is_on() && !args.batch_invariant {
+        dtype.push_str(" (batch-invariant)");
+    }
     let info =
         Info { label, dtype, kv: args.backend.kv_dtype.name().to_owned(), size_bytes: 0, bytes_per_param, file_bytes };
     with_backend!(args.backend, |b| bench_on(b, &args, info, &source))
@@ -247,16 +283,34 @@ struct Row<'a> {
     seqs: usize,
     /// Seconds of each repetition.
     samples: Vec<f64>,
+    /// Prompt tokens before a tg test (`-f`; llama-bench's depth).
+    depth: usize,
+    /// What the test's name adds: ` +ngram3`, ` +json-schema`.
+    suffix: String,
+    /// Speculative decoding: draft tokens verified and accepted over the repetitions.
+    spec: Option<(u64, u64)>,
+    /// tg: tokens each sequence generated in a timed run, on average (a constrained
+    /// output may end before `n`).
+    generated: Option<f64>,
 }
 
 impl Row<'_> {
-    /// `pp512`, `tg128`, or `tg128 x16` for 16 sequences decoded together.
+    /// `pp512`, `tg128`, `tg128 x16` for 16 sequences decoded together, `tg128 @ d300`
+    /// after a prompt of 300 tokens, `tg128 @ d300 +ngram3` with n-gram drafts.
     fn test(&self) -> String {
+        let mut t = format!("{}{}", self.kind, self.n);
         if self.seqs > 1 {
-            format!("{}{} x{}", self.kind, self.n, self.seqs)
-        } else {
-            format!("{}{}", self.kind, self.n)
+            t.push_str(&format!(" x{}", self.seqs));
         }
+        if self.depth > 0 {
+            t.push_str(&format!(" @ d{}", self.depth));
+        }
+        t + &self.suffix
+    }
+
+    /// The share of drafted tokens accepted.
+    fn acceptance(&self) -> Option<f64> {
+        self.spec.map(|(d, a)| if d == 0 { 0.0 } else { a as f64 / d as f64 })
     }
 
     fn json(&self) -> serde_json::Value {
@@ -277,8 +331,13 @@ impl Row<'_> {
             "n_threads": self.threads,
             "n_prompt": if self.kind == "pp" { self.n } else { 0 },
             "n_gen": if self.kind == "tg" { self.n } else { 0 },
+            "n_depth": self.depth,
             "n_seqs": self.seqs,
             "test": self.test(),
+            "n_gen_avg": self.generated,
+            "n_drafted": self.spec.map(|s| s.0),
+            "n_accepted": self.spec.map(|s| s.1),
+            "accept_rate": self.acceptance(),
             "avg_ns": avg_ns.round() as u64,
             "stddev_ns": sd_ns.round() as u64,
             "avg_ts": avg_ts,
@@ -289,7 +348,7 @@ impl Row<'_> {
     }
 }
 
-const CSV_FIELDS: [&str; 19] = [
+const CSV_FIELDS: [&str; 24] = [
     "build_version",
     "cpu_info",
     "model_type",
@@ -302,7 +361,12 @@ const CSV_FIELDS: [&str; 19] = [
     "n_threads",
     "n_prompt",
     "n_gen",
+    "n_depth",
     "test",
+    "n_gen_avg",
+    "n_drafted",
+    "n_accepted",
+    "accept_rate",
     "avg_ns",
     "stddev_ns",
     "avg_ts",
@@ -338,14 +402,20 @@ impl Printer {
                 let (mean, sd) =
                     (v["avg_ts"].as_f64().unwrap_or(f64::NAN), v["stddev_ts"].as_f64().unwrap_or(f64::NAN));
                 let t = row.threads.map_or("-".to_owned(), |t| t.to_string());
+                let mut test = row.test();
+                if let Some(rate) = row.acceptance() {
+                    test.push_str(&format!(" ({:.0}% accepted)", 100.0 * rate));
+                }
+                if let Some(g) = row.generated.filter(|&g| g + 0.5 < row.n as f64) {
+                    test.push_str(&format!(" ({g:.0} tokens)"));
+                }
                 super::outln!(
-                    "| {} | {:.2} GiB | {:.1} M | {} | {} | {t} | {} | {mean:.2} ± {sd:.2} |",
+                    "| {} | {:.2} GiB | {:.1} M | {} | {} | {t} | {test} | {mean:.2} ± {sd:.2} |",
                     row.info.label,
                     row.info.size_bytes as f64 / (1u64 << 30) as f64,
                     row.n_params as f64 / 1e6,
                     row.backend,
                     row.info.dtype,
-                    row.test()
                 );
             }
             OutputFormat::Json => {
@@ -378,18 +448,169 @@ impl Printer {
     }
 }
 
-fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &Source) -> anyhow::Result<()> {
-    let model: Box<dyn CausalLm<B>> = match source {
-        Source::Random(config, weights) => Box::new(Gpt2::load(&backend, config.clone(), weights)?),
-        Source::Path(path) => load_model(&backend, path)?.model,
+fn bench_on<B: Backend>(backend: B, args: &BenchArgs, info: Info, source: &Source) -> anyhow::Result<()> {
+    match source {
+        Source::Random(config, weights) => {
+            let model = Gpt2::load(&backend, config.clone(), weights)?;
+            bench_model(&backend, &model, None, args, info)
+        }
+        Source::Path(path) => {
+            let mut engine = Engine::load(backend, path)?;
+            args.spec.apply(&mut engine, "bench")?;
+            let engine = engine;
+            bench_model(&engine.backend, &*engine.model, Some(&engine), args, info)
+        }
+    }
+}
+
+/// What a tg test feeds and holds each sequence to, from `-f`, `--chat` and the
+/// constraint flags (none of them: one random token per sequence, unconstrained).
+struct TgInput {
+    /// The prompt every sequence starts from.
+    prompt: Option<Vec<u32>>,
+    constraint: Option<Constraint>,
+    /// What the test's name adds: ` +ngram3`, ` +json-schema`.
+    suffix: String,
+}
+
+fn tg_input<B: Backend>(engine: Option<&Engine<B>>, args: &BenchArgs) -> anyhow::Result<TgInput> {
+    let mut input = TgInput { prompt: None, constraint: None, suffix: String::new() };
+    let Some(engine) = engine else { return Ok(input) };
+    if let Some(file) = &args.prompt_file {
+        let text = std::fs::read_to_string(file).with_context(|| format!("-f {}: cannot read it", file.display()))?;
+        let text = super::drop_trailing_newline(text);
+        let ids =
+            if args.chat { engine.chat_prompt_ids(&[Message::new("user", &text)])? } else { engine.prompt_ids(&text) };
+        anyhow::ensure!(!ids.is_empty(), "-f {}: the prompt is empty", file.display());
+        input.prompt = Some(ids);
+    }
+    if let Some(spec) = args.constraint.spec()? {
+        let info = engine.model.info();
+        let grammars = Grammars::new(&engine.tokenizer, info.vocab_size, &engine.end_of_generation)?;
+        input.constraint = Some(grammars.compile(&spec).map_err(anyhow::Error::msg)?);
+        input.suffix.push_str(match spec {
+            GrammarSpec::JsonSchema(_) => " +json-schema",
+            GrammarSpec::JsonObject => " +json",
+            GrammarSpec::Regex(_) => " +regex",
+            _ => " +grammar",
+        });
+    }
+    match (&args.spec.draft_ngram, &args.spec.model_draft) {
+        (Some(n), _) => input.suffix.push_str(&format!(" +ngram{n}")),
+        (None, Some(_)) => input.suffix.push_str(" +draft"),
+        (None, None) => {}
+    }
+    Ok(input)
+}
+
+/// One tg run's measurements.
+struct TgRun {
+    /// Seconds from the first generated token of every sequence (with a prompt) or from
+    /// the start (without), to the end.
+    seconds: f64,
+    /// Tokens generated in that time, over all sequences.
+    tokens: usize,
+    /// Draft tokens verified, and accepted.
+    drafted: u64,
+    accepted: u64,
+}
+
+/// `seqs` sequences decoded together by the engine's scheduler, as generate and serve run
+/// them (on the device where the backend can pick there), greedily. Without a prompt each
+/// starts from one random token and all `n` tokens are timed; with one, each starts from
+/// it and the `n` tokens after the prompt's own are timed, from the step in which the last
+/// sequence got its first token. A constrained sequence may end before `n`.
+fn tg_run<B: Backend>(
+    backend: &B,
+    model: &dyn CausalLm<B>,
+    engine: Option<&Engine<B>>,
+    input: &TgInput,
+    starts: &[u32],
+    n: usize,
+    seqs: usize,
+) -> anyhow::Result<TgRun> {
+    let (prompt_len, extra) = match &input.prompt {
+        Some(p) => (p.len(), 1),
+        None => (1, 0),
     };
+    let draft_rows = engine.and_then(|e| e.speculation.as_ref()).map_or(0, |s| s.draft_max);
+    let config = SchedulerConfig {
+        parallel: seqs,
+        ctx_size: seqs * blocks_for(positions_for(prompt_len, n + extra)) * BLOCK_TOKENS,
+        // Every prompt in one step, and every draft verified.
+        batch_tokens: (seqs * prompt_len).max(seqs * (1 + draft_rows)),
+        prefix_cache: false,
+        // Every position up front: a tg run measures decoding, not a cache growing
+        // (each sequence's cache is still allocated in the run, as a server request's is).
+        initial_slack: usize::MAX,
+        step_delay: std::time::Duration::ZERO,
+    };
+    let mut scheduler = match engine {
+        Some(e) => e.scheduler(config),
+        None => Scheduler::new(backend, model, config, Vec::new(), std::sync::Arc::new(Metrics::default())),
+    };
+    for (i, &t) in starts[..seqs].iter().enumerate() {
+        let prompt = input.prompt.clone().unwrap_or_else(|| vec![t]);
+        let mut r = Request::new(i as u64, prompt, n + extra, SamplingParams::greedy());
+        r.ignore_eos = true; // a constrained sequence still ends once its output is complete
+        r.constraint = input.constraint.clone();
+        scheduler.add(r);
+    }
+    let start = Instant::now();
+    let mut from = if extra == 0 { Some(start) } else { None };
+    let (mut first, mut tokens) = (vec![false; seqs], 0);
+    let mut events = Vec::with_capacity(2 * seqs);
+    while scheduler.busy() {
+        scheduler.step(&mut events);
+        for (id, e) in events.drain(..) {
+            match e {
+                Event::Token { .. } | Event::EndToken { .. } => {
+                    if from.is_some() {
+                        tokens += 1;
+                    } else {
+                        first[id as usize] = true;
+                    }
+                }
+                Event::Failed(e) => anyhow::bail!(e),
+                _ => {}
+            }
+        }
+        if from.is_none() && first.iter().all(|&f| f) {
+            from = Some(Instant::now());
+        }
+    }
+    let m = scheduler.metrics();
+    Ok(TgRun {
+        seconds: from.map_or(0.0, |f| f.elapsed().as_secs_f64()),
+        tokens,
+        drafted: m.spec_draft_tokens.load(std::sync::atomic::Ordering::Relaxed),
+        accepted: m.spec_accepted_tokens.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+fn bench_model<B: Backend>(
+    backend: &B,
+    model: &dyn CausalLm<B>,
+    engine: Option<&Engine<B>>,
+    args: &BenchArgs,
+    mut info: Info,
+) -> anyhow::Result<()> {
     let n_params = model.info().n_params;
     info.size_bytes = info.file_bytes.unwrap_or(n_params.saturating_mul(info.bytes_per_param));
     let info = &info;
+    let input = tg_input(engine, args)?;
     // Every test checked before any output.
     let n_ctx = model.info().context_length;
     for (kind, n) in tests(args) {
         anyhow::ensure!(n <= n_ctx, "{kind}{n} exceeds the model's context of {n_ctx} tokens");
+        if let (Some(p), "tg") = (&input.prompt, kind) {
+            let total = p.len() + n;
+            anyhow::ensure!(
+                total <= n_ctx,
+                "tg{n} after the prompt of {} tokens needs {total} positions; the model's context is {n_ctx}",
+                p.len()
+            );
+        }
     }
     // The gpu backend does not use CPU threads: one row per test, threads shown as "-".
     let on_gpu = backend.name() == "gpu";
@@ -407,55 +628,34 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
         for (kind, n, seqs) in runs(args) {
             let tokens: Vec<u32> = (0..n.max(seqs)).map(|_| (rng.next_u64() % vocab) as u32).collect();
             let mut samples = Vec::new();
+            let (mut drafted, mut accepted, mut generated) = (0, 0, 0);
             // pp: one KV cache, reused by every repetition (each starts again at position
             // 0), as llama-bench reuses its context.
-            let mut cache = if kind == "pp" { Some(model.new_cache(&backend, n)?) } else { None };
+            let mut cache = if kind == "pp" { Some(model.new_cache(backend, n)?) } else { None };
             for rep in 0..=args.repetitions {
                 let seconds = pool
                     .install(|| -> anyhow::Result<f64> {
-                        let start = Instant::now();
                         if kind == "pp" {
+                            let start = Instant::now();
                             let seqs = [SeqSlice { rows: 0..n, start_pos: 0 }];
                             let logits = model.forward(
-                                &backend,
+                                backend,
                                 &Batch { tokens: &tokens[..n], seqs: &seqs },
                                 &mut [cache.as_mut().expect("pp has a cache")],
                                 LogitRows::LastOfEachSeq,
                             )?;
                             backend.read(&logits)?;
-                        } else {
-                            // `seqs` sequences of one random token each, decoded greedily
-                            // together by the engine's scheduler (on the device where the
-                            // backend can pick there), as generate and serve run them.
-                            let config = SchedulerConfig {
-                                parallel: seqs,
-                                ctx_size: seqs * blocks_for(n) * BLOCK_TOKENS,
-                                batch_tokens: seqs,
-                                prefix_cache: false,
-                                // Every position up front: a tg run measures decoding, not
-                                // a cache growing (each sequence's cache is still allocated
-                                // in the run, as a server request's is).
-                                initial_slack: usize::MAX,
-                                step_delay: std::time::Duration::ZERO,
-                            };
-                            let metrics = std::sync::Arc::new(Metrics::default());
-                            let mut scheduler = Scheduler::new(&backend, &*model, config, Vec::new(), metrics);
-                            for (i, &t) in tokens[..seqs].iter().enumerate() {
-                                let mut r = Request::new(i as u64, vec![t], n, SamplingParams::greedy());
-                                r.ignore_eos = true;
-                                scheduler.add(r);
-                            }
-                            let mut events = Vec::with_capacity(2 * seqs);
-                            while scheduler.busy() {
-                                scheduler.step(&mut events);
-                                for (_, e) in events.drain(..) {
-                                    if let Event::Failed(e) = e {
-                                        anyhow::bail!(e);
-                                    }
-                                }
-                            }
+                            return Ok(start.elapsed().as_secs_f64());
                         }
-                        Ok(start.elapsed().as_secs_f64())
+                        let run = tg_run(backend, model, engine, &input, &tokens, n, seqs)?;
+                        anyhow::ensure!(run.tokens > 0, "tg{n}: no token was generated after the first");
+                        if rep > 0 {
+                            (drafted, accepted, generated) =
+                                (drafted + run.drafted, accepted + run.accepted, generated + run.tokens);
+                        }
+                        // As the time of n tokens per sequence at the measured rate (a
+                        // constrained output may end sooner).
+                        Ok(run.seconds * (n * seqs) as f64 / run.tokens as f64)
                     })
                     .with_context(|| format!("running {kind}{n}"))?;
                 if rep > 0 {
@@ -463,6 +663,7 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                 }
             }
             let threads = (!on_gpu).then_some(t);
+            let tg = kind == "tg";
             printer.row(&Row {
                 info,
                 n_params,
@@ -472,6 +673,10 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, mut info: Info, source: &S
                 n,
                 seqs,
                 samples,
+                depth: if tg { input.prompt.as_ref().map_or(0, |p| p.len()) } else { 0 },
+                suffix: if tg { input.suffix.clone() } else { String::new() },
+                spec: (tg && engine.is_some_and(|e| e.speculation.is_some())).then_some((drafted, accepted)),
+                generated: tg.then_some(generated as f64 / args.repetitions as f64 / seqs as f64),
             })?;
         }
     }
