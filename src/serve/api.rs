@@ -289,10 +289,27 @@ async fn chat_completions(State(state): State<Arc<AppState>>, req: Request) -> A
 
 /// Either endpoint, with refusals counted.
 async fn generation(state: Arc<AppState>, req: Request, api: Api) -> ApiResult {
-    let result = match (body_of(&state, req).await, api) {
-        (Err(e), _) => Err(e),
-        (Ok(body), Api::Completions) => completions_inner(&state, &body).await,
-        (Ok(body), Api::Chat) => chat_inner(&state, &body).await,
+    let result = match body_of(&state, req).await {
+        Err(e) => Err(e),
+        Ok(body) => {
+            // Tokenizing, rendering the chat template and compiling a grammar are CPU
+            // work (a large schema takes milliseconds): off the async workers, which
+            // meanwhile stream other requests' tokens.
+            let st = state.clone();
+            let checked = tokio::task::spawn_blocking(move || match api {
+                Api::Completions => check_completion(&st, &body),
+                Api::Chat => check_chat(&st, &body),
+            })
+            .await;
+            match checked {
+                Ok(Ok((c, echo, user))) => answer(state.clone(), api, c, echo, user).await,
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("checking the request failed: {e}"),
+                )),
+            }
+        }
     };
     if result.is_err() {
         state.metrics.requests_rejected.fetch_add(1, Ordering::Relaxed);
@@ -310,7 +327,11 @@ pub(super) fn generation_failed(state: &AppState, message: String) -> ApiError {
     ApiError::status(status, message)
 }
 
-async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
+/// A checked request, the text to echo before the answer, and the caller's `user`.
+type CheckedRequest = (Checked, String, Option<String>);
+
+/// `/v1/completions`' body, checked and tokenized.
+fn check_completion(state: &AppState, body: &Bytes) -> Result<CheckedRequest, ApiError> {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
     if r.messages.is_some() {
@@ -354,10 +375,11 @@ async fn completions_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
     let prompt_logprobs = if echo { logprobs } else { None };
     let c = check_common(&r, l, prompt, logprobs, prompt_logprobs, Some(16))?;
     let echo_text = if echo { prompt_text } else { String::new() };
-    answer(state.clone(), Api::Completions, c, echo_text, r.user).await
+    Ok((c, echo_text, r.user))
 }
 
-async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
+/// `/v1/chat/completions`' body, checked, rendered with the chat template and tokenized.
+fn check_chat(state: &AppState, body: &Bytes) -> Result<CheckedRequest, ApiError> {
     let l = loaded(state)?;
     let r: GenRequest = parse(body)?;
     if r.prompt.is_some() {
@@ -412,7 +434,7 @@ async fn chat_inner(state: &Arc<AppState>, body: &Bytes) -> ApiResult {
         Some(v) => return Err(ApiError::bad("logprobs", format!("logprobs must be a boolean, got {v}"))),
     };
     let c = check_common(&r, l, prompt, logprobs, None, None)?;
-    answer(state.clone(), Api::Chat, c, String::new(), r.user).await
+    Ok((c, String::new(), r.user))
 }
 
 /// Run the checked request and answer it, whole or as a stream.
