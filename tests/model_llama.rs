@@ -484,6 +484,30 @@ fn perplexity_equals_llama_cpp() {
     let s = e.perplexity(&tokens, 32, None, |_| Ok(())).unwrap();
     assert!((s.ppl() / want["ppl"]["f32"].as_f64().unwrap() - 1.0).abs() < 5e-3, "{}", s.ppl());
     assert_eq!(s.count, 25 * 15);
+    // The engine's loop scores each window as a prompt; the same arithmetic on the logits
+    // of one forward over each window, computed here, gives the same estimate.
+    let (mut nll, mut count) = (0f64, 0);
+    for w in 0..tokens.len() / 32 {
+        let mut window = tokens[w * 32..w * 32 + 32].to_vec();
+        if let Some(bos) = e.tokenizer.bos_to_add() {
+            window[0] = bos;
+        }
+        let logits = e.logits_all(&window).unwrap();
+        for j in 16..31 {
+            let row = logits.row(j);
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            nll -= row[tokens[w * 32 + j + 1] as usize] as f64 - max - sum.ln();
+            count += 1;
+        }
+    }
+    assert_eq!(count, s.count);
+    assert!(
+        ((nll / count as f64).exp() / s.ppl() - 1.0).abs() < 1e-12,
+        "{} vs {}",
+        (nll / count as f64).exp(),
+        s.ppl()
+    );
     let err = format!("{:#}", e.perplexity(&tokens[..60], 32, None, |_| Ok(())).unwrap_err());
     assert!(err.contains("needs at least 64"), "{err}");
     assert!(e.perplexity(&tokens, 4096, None, |_| Ok(())).is_err());

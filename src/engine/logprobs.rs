@@ -18,6 +18,10 @@ pub fn token_logprobs(logits: &[f32], chosen: u32, n: usize) -> TokenLogprobs {
     let sum: f64 = logits.iter().map(|&v| (f64::from(v) - max).exp()).sum();
     let log_z = max + sum.ln();
     let lp = |v: f32| f64::from(v) - log_z;
+    let logprob = logits.get(chosen as usize).map_or(f64::NEG_INFINITY, |&v| lp(v));
+    if n == 0 {
+        return TokenLogprobs { id: chosen, logprob, top: Vec::new() }; // no ranking needed
+    }
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let n = n.min(order.len());
     let desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
@@ -26,11 +30,7 @@ pub fn token_logprobs(logits: &[f32], chosen: u32, n: usize) -> TokenLogprobs {
     }
     order.truncate(n);
     order.sort_unstable_by(desc);
-    TokenLogprobs {
-        id: chosen,
-        logprob: logits.get(chosen as usize).map_or(f64::NEG_INFINITY, |&v| lp(v)),
-        top: order.into_iter().map(|i| (i, lp(logits[i as usize]))).collect(),
-    }
+    TokenLogprobs { id: chosen, logprob, top: order.into_iter().map(|i| (i, lp(logits[i as usize]))).collect() }
 }
 
 #[cfg(test)]

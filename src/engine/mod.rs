@@ -9,8 +9,9 @@
 //! - [`speculate`]: speculative decoding (n-gram or draft-model drafts the scheduler
 //!   verifies), giving the very tokens of plain decoding.
 //! - [`text`]: tokens to text with stop strings; [`metrics`]: the loop's counters.
-//! - [`perplexity`], [`lockstep`]: scoring and backend comparison, which need every
-//!   row's logits rather than picked tokens.
+//! - [`perplexity`]: llama-perplexity's method, each window a scoring request on the
+//!   scheduler; [`lockstep`]: two backends fed the same tokens, their logits compared
+//!   (it calls the models directly: what it compares is not a picked token).
 
 pub mod gbnf;
 pub mod grammar;
@@ -383,29 +384,18 @@ impl<B: Backend> Engine<B> {
         if ids.len() < 2 {
             return Ok(Vec::new()); // nothing comes after the first token
         }
-        let mut config = SchedulerConfig::single(scheduler::positions_for(ids.len(), 0));
-        config.batch_tokens = config.batch_tokens.min(SCORE_CHUNK);
-        let mut scheduler = self.scheduler(config);
-        let mut request = Request::new(ONLY_REQUEST, ids.to_vec(), 0, SamplingParams::greedy());
-        request.prompt_logprobs = Some(top);
-        scheduler.add(request);
+        let mut scheduler = self.scoring_scheduler(ids.len());
         let mut scored = Vec::with_capacity(ids.len() - 1);
-        let mut events = Vec::with_capacity(4);
-        loop {
-            scheduler.step(&mut events);
-            for (_, event) in events.drain(..) {
-                match event {
-                    Event::PromptLogprobs(part) => scored.extend(part),
-                    Event::Finished { .. } => {
-                        ensure!(scored.len() == ids.len() - 1, "scored {} of {} tokens", scored.len(), ids.len() - 1);
-                        return Ok(scored);
-                    }
-                    Event::Failed(e) => bail!(e),
-                    _ => {}
-                }
-            }
-            ensure!(scheduler.busy(), "the engine dropped the request without an answer");
-        }
+        score_on(&mut scheduler, ONLY_REQUEST, ids, top, |part| scored.extend(part))?;
+        Ok(scored)
+    }
+
+    /// A scheduler for scoring prompts of up to `positions` tokens, one at a time, each
+    /// prefilled in chunks of at most [`SCORE_CHUNK`] rows.
+    pub(crate) fn scoring_scheduler(&self, positions: usize) -> Scheduler<'_, B> {
+        let mut config = SchedulerConfig::single(scheduler::positions_for(positions, 0));
+        config.batch_tokens = config.batch_tokens.min(SCORE_CHUNK);
+        self.scheduler(config)
     }
 
     /// [`Engine::generate`] within a session: the cached prefix that `prompt_ids` shares
@@ -428,6 +418,40 @@ impl<B: Backend> Engine<B> {
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         run_request(&mut session.scheduler, Some(SESSION), prompt_ids, budget, params, None, on_token)
+    }
+}
+
+/// Score `ids` as request `id` on `scheduler` (one with nothing else to do): each token
+/// after the first, in order, handed to `on_part` in the parts the steps produce.
+pub(crate) fn score_on<B: Backend>(
+    scheduler: &mut Scheduler<'_, B>,
+    id: u64,
+    ids: &[u32],
+    top: usize,
+    mut on_part: impl FnMut(Vec<TokenLogprobs>),
+) -> anyhow::Result<()> {
+    let mut request = Request::new(id, ids.to_vec(), 0, SamplingParams::greedy());
+    request.prompt_logprobs = Some(top);
+    scheduler.add(request);
+    let mut scored = 0;
+    let mut events = Vec::with_capacity(4);
+    loop {
+        scheduler.step(&mut events);
+        for (_, event) in events.drain(..) {
+            match event {
+                Event::PromptLogprobs(part) => {
+                    scored += part.len();
+                    on_part(part);
+                }
+                Event::Finished { .. } => {
+                    ensure!(scored == ids.len() - 1, "scored {scored} of {} tokens", ids.len() - 1);
+                    return Ok(());
+                }
+                Event::Failed(e) => bail!(e),
+                _ => {}
+            }
+        }
+        ensure!(scheduler.busy(), "the engine dropped the request without an answer");
     }
 }
 

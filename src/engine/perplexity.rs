@@ -9,9 +9,8 @@
 
 use anyhow::ensure;
 
-use crate::backend::{Backend, HostMatrix, SeqSlice};
-use crate::engine::{Engine, ensure_finite};
-use crate::model::{Batch, LogitRows};
+use crate::backend::Backend;
+use crate::engine::{Engine, score_on};
 
 /// The running totals after each window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -77,8 +76,10 @@ impl<B: Backend> Engine<B> {
         let bos = self.tokenizer.bos_to_add();
         let first = n_ctx / 2;
         let mut state = PerplexityState::default();
-        let mut logits = HostMatrix::zeros(0, 0);
-        let mut cache = self.model.new_cache(&self.backend, n_ctx)?;
+        // The engine's loop scores each window as a prompt (`prompt_logprobs`), in chunks
+        // of at most SCORE_CHUNK rows as llama-perplexity's micro-batches: entry j is the
+        // log-probability of window[j + 1] from the logits at position j.
+        let mut scheduler = self.scoring_scheduler(n_ctx);
         let mut window = Vec::with_capacity(n_ctx);
         for w in 0..n {
             let start = w * n_ctx;
@@ -87,25 +88,19 @@ impl<B: Backend> Engine<B> {
             if let Some(bos) = bos {
                 window[0] = bos;
             }
-            let seqs = [SeqSlice { rows: 0..n_ctx, start_pos: 0 }];
-            let out = self.model.forward(
-                &self.backend,
-                &Batch { tokens: &window, seqs: &seqs },
-                &mut [&mut cache],
-                LogitRows::All,
-            )?;
-            self.backend.to_host(&out, &mut logits)?;
-            for j in first..n_ctx - 1 {
-                let row = logits.row(j);
-                ensure_finite(row, w, start + j)?;
-                let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-                let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-                let target = tokens[start + j + 1] as usize;
-                let nll = -(row[target] as f64 - max - sum.ln());
-                state.nll += nll;
-                state.nll2 += nll * nll;
-                state.count += 1;
-            }
+            let mut j = 0;
+            score_on(&mut scheduler, w as u64, &window, 0, |part| {
+                for lp in part {
+                    if j >= first {
+                        let nll = -lp.logprob;
+                        state.nll += nll;
+                        state.nll2 += nll * nll;
+                        state.count += 1;
+                    }
+                    j += 1;
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("window {} (tokens {start}..{}): {e:#}", w + 1, start + n_ctx))?;
             state.windows += 1;
             on_window(&state)?;
         }
