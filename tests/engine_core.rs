@@ -11,7 +11,7 @@ use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::engine::logprobs::token_logprobs;
 use batch_forge::engine::scheduler::INITIAL_SLACK;
 use batch_forge::engine::{
-    Engine, Event, GenerateParams, Metrics, Request, SCORE_CHUNK, SamplingParams, SchedulerConfig,
+    Engine, Event, GenerateParams, Metrics, ModelText, Request, SCORE_CHUNK, SamplingParams, SchedulerConfig,
 };
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
 use batch_forge::model::Gpt2;
@@ -44,10 +44,13 @@ fn long_context_engine_with(options: CpuOptions) -> Engine<CpuBackend> {
     Engine {
         backend,
         model: Box::new(model),
-        tokenizer: Tokenizer::from_dir(&fixture("tiny-gpt2")).unwrap(),
-        chat_template: None,
-        chat_template_error: None,
-        end_of_generation: vec![50256],
+        text: ModelText {
+            tokenizer: Tokenizer::from_dir(&fixture("tiny-gpt2")).unwrap(),
+            chat_template: None,
+            chat_template_error: None,
+            end_of_generation: vec![50256],
+            bos_token_id: Some(50256),
+        },
         speculation: None,
     }
 }

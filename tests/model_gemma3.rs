@@ -257,7 +257,7 @@ fn chat_template_from_a_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let e = Engine::load(ReferenceBackend, &model).unwrap();
-    let want = e.tokenizer.encode("<|endoftext|><system>Be brief.\n<user>Hi there\n<assistant>");
+    let want = e.text.tokenizer.encode("<|endoftext|><system>Be brief.\n<user>Hi there\n<assistant>");
     assert!(stderr.contains(&format!("prompt ids: {want:?}")), "{stderr}\nwant {want:?}");
     std::fs::write(&template, "{% for m in messages %}").unwrap();
     let out = forge(&["--chat-template", template.to_str().unwrap()]);

@@ -18,7 +18,7 @@ fn greedy_ids_match_hf_for_every_checkpoint_and_prompt() {
         for p in reference["prompts"].as_array().unwrap() {
             let text = p["text"].as_str().unwrap();
             let prompt_ids = ids(&p["prompt_ids"]);
-            let tok = &engine.tokenizer;
+            let tok = &engine.text.tokenizer;
             let encoded = if text.is_empty() { vec![50256] } else { tok.encode(text) };
             assert_eq!(encoded, prompt_ids, "{ckpt}: prompt ids of {text:?}");
             let params = GenerateParams::greedy(40);
@@ -154,5 +154,5 @@ fn bad_token_ids_and_overlong_prompts_are_errors() {
     let g = engine.generate(&vec![1; 64], &params, |_| Ok(())).unwrap();
     assert!(g.generated_ids.is_empty());
     assert_eq!(g.stop, StopReason::ContextFull);
-    assert!(engine.tokenizer.decode(&[60000]).is_err());
+    assert!(engine.text.tokenizer.decode(&[60000]).is_err());
 }

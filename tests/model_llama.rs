@@ -489,7 +489,7 @@ fn perplexity_equals_llama_cpp() {
     let (mut nll, mut count) = (0f64, 0);
     for w in 0..tokens.len() / 32 {
         let mut window = tokens[w * 32..w * 32 + 32].to_vec();
-        if let Some(bos) = e.tokenizer.bos_to_add() {
+        if let Some(bos) = e.text.tokenizer.bos_to_add() {
             window[0] = bos;
         }
         let logits = e.logits_all(&window).unwrap();
@@ -534,7 +534,7 @@ fn a_broken_chat_template_only_stops_chat() {
     let e = Engine::load(ReferenceBackend, &dir).unwrap();
     let ids = e.chat_prompt_ids(&[batch_forge::chat::Message::new("user", "Hello")]).unwrap();
     assert_eq!(ids[0], 0, "<|endoftext|> is the BOS token here");
-    assert_eq!(&ids[1..], &e.tokenizer.encode("Hello")[..]);
+    assert_eq!(&ids[1..], &e.text.tokenizer.encode("Hello")[..]);
 }
 
 /// A Llama GGUF corrupted anywhere in its metadata or tensor table (one byte at a time),

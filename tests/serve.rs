@@ -215,7 +215,7 @@ fn serve_logs_loading_and_readiness() {
 #[test]
 fn greedy_completions_are_hf_greedy() {
     let s = Server::start(&fixture("tiny-gpt2"), &[]);
-    let tok = common::engine("tiny-gpt2").tokenizer;
+    let tok = common::engine("tiny-gpt2").text.tokenizer;
     for p in reference("tiny-gpt2")["prompts"].as_array().unwrap() {
         let (prompt, want) = (ids(&p["prompt_ids"]), ids(&p["generated_ids"]));
         let body = json!({"prompt": prompt, "max_tokens": want.len(), "temperature": 0});
@@ -239,7 +239,7 @@ fn llama_greedy_completions_are_hf_greedy() {
     let s = Server::start(&fixture("tiny-llama"), &["--dtype", "f32"]);
     let greedy: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("tiny-llama").join("greedy.json")).unwrap()).unwrap();
-    let tok = common::cpu_engine("tiny-llama", Default::default()).tokenizer;
+    let tok = common::cpu_engine("tiny-llama", Default::default()).text.tokenizer;
     for run in greedy["safetensors"].as_array().unwrap() {
         let want = ids(&run["greedy_ids"]);
         let body = json!({"prompt": run["prompt"], "max_tokens": want.len(), "temperature": 0, "ignore_eos": true});
@@ -412,7 +412,7 @@ fn gpu_outputs_are_bit_identical_whatever_the_batch() {
 fn echo_with_logprobs_scores_the_prompt() {
     use batch_forge::verify::Reference;
     let s = Server::start(&fixture("tiny-gpt2"), &["-b", "7"]);
-    let tok = common::engine("tiny-gpt2").tokenizer;
+    let tok = common::engine("tiny-gpt2").text.tokenizer;
     let piece = |id: u32| String::from_utf8_lossy(tok.token_bytes(id).unwrap()).into_owned();
     let dumps = Reference::open(&fixture("tiny-gpt2").join("verify.safetensors")).unwrap();
     let (mut worst, mut compared) = (0f64, 0);
@@ -639,7 +639,7 @@ fn sampling_fields_mean_what_the_cli_means() {
     let prompt = engine.prompt_ids("Hello world");
     let text = |sampling: SamplingParams| {
         let params = GenerateParams { ignore_eos: true, sampling, ..GenerateParams::greedy(16) };
-        engine.tokenizer.decode(&engine.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids).unwrap()
+        engine.text.tokenizer.decode(&engine.generate(&prompt, &params, |_| Ok(())).unwrap().generated_ids).unwrap()
     };
     let answer = |extra: Value| {
         let mut body = json!({"prompt": "Hello world", "max_tokens": 16, "ignore_eos": true});
@@ -696,7 +696,7 @@ fn chat_completions() {
     let params =
         batch_forge::engine::GenerateParams { ignore_eos: true, ..batch_forge::engine::GenerateParams::greedy(10) };
     let g = engine.generate(&prompt, &params, |_| Ok(())).unwrap();
-    assert_eq!(content, engine.tokenizer.decode(&g.generated_ids).unwrap());
+    assert_eq!(content, engine.text.tokenizer.decode(&g.generated_ids).unwrap());
     // Streamed: a role delta first, content deltas, a finish chunk.
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
@@ -1215,7 +1215,7 @@ fn smollm2_serves_chats_batch_invariantly() {
     let g = engine.generate(&prompt, &batch_forge::engine::GenerateParams::greedy(24), |_| Ok(())).unwrap();
     let eos = g.stop == batch_forge::engine::StopReason::Eos;
     let ids = &g.generated_ids[..g.generated_ids.len() - usize::from(eos)];
-    assert_eq!(alone[0].0, engine.tokenizer.decode(ids).unwrap());
+    assert_eq!(alone[0].0, engine.text.tokenizer.decode(ids).unwrap());
 }
 
 /// The official `openai` Python package as the client (`tests/openai_client.py`):

@@ -55,7 +55,7 @@ fn run<B: Backend>(
         &engine.backend,
         &*engine.model,
         config(parallel),
-        engine.end_of_generation.clone(),
+        engine.text.end_of_generation.clone(),
         Arc::new(Metrics::default()),
     );
     if let Some((d, max)) = drafter {
@@ -259,7 +259,7 @@ fn the_engine_speculates_for_generate_and_checks_the_draft_vocabulary() {
     let gpt2 = load_model(&engine.backend, &fixture("tiny-gpt2")).unwrap();
     let method = DraftMethod::Model(gpt2.model);
     let e = engine
-        .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&gpt2.tokenizer))
+        .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&gpt2.text.tokenizer))
         .unwrap_err();
     assert!(e.to_string().contains("a draft model must share the model's"), "{e}");
     let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 2, draft_min: 3, batch_max: 1 };
@@ -280,7 +280,7 @@ fn run_scored<B: Backend>(
         &engine.backend,
         &*engine.model,
         cfg,
-        engine.end_of_generation.clone(),
+        engine.text.end_of_generation.clone(),
         Arc::new(Metrics::default()),
     );
     if let Some(d) = drafter {
@@ -448,7 +448,9 @@ fn draft_and_model_vocabularies_may_differ_by_padding() {
     let mut engine = load_cpu("tiny-llama", true);
     let draft = load_model(&engine.backend, big_draft_dir.path()).unwrap();
     let method = DraftMethod::Model(draft.model);
-    engine.speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&draft.tokenizer)).unwrap();
+    engine
+        .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&draft.text.tokenizer))
+        .unwrap();
 }
 
 /// SmolLM2-135M's real weights (Q4_1) asked to copy paragraphs: n-gram drafts are
@@ -550,7 +552,10 @@ fn a_conversation_speculates_turn_after_turn() {
             let draft = load_model(&engine.backend, &fixture("tiny-llama-odd")).unwrap();
             let method = DraftMethod::Model(draft.model);
             engine
-                .speculate(Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 }, Some(&draft.tokenizer))
+                .speculate(
+                    Speculation { method, draft_max: 4, draft_min: 0, batch_max: 1 },
+                    Some(&draft.text.tokenizer),
+                )
                 .unwrap();
         }
         let mut session = engine.new_session(120).unwrap();

@@ -158,7 +158,7 @@ fn run(engine: &Engine<CpuBackend>, requests: Vec<Request>, ngram: bool) -> Vec<
         &engine.backend,
         &*engine.model,
         config,
-        engine.end_of_generation.clone(),
+        engine.text.end_of_generation.clone(),
         Arc::new(Metrics::default()),
     );
     if ngram {
@@ -187,7 +187,8 @@ fn run(engine: &Engine<CpuBackend>, requests: Vec<Request>, ngram: bool) -> Vec<
 #[test]
 fn smollm2_answers_24_schemas_that_validate_beside_free_text() {
     let Some(engine) = smollm2() else { return };
-    let grammars = Grammars::new(&engine.tokenizer, engine.model.info().vocab_size, &engine.end_of_generation).unwrap();
+    let grammars =
+        Grammars::new(&engine.text.tokenizer, engine.model.info().vocab_size, &engine.text.end_of_generation).unwrap();
     let schemas = schemas();
     assert!(schemas.len() >= 20);
     let prompt = |what: &str| {
@@ -223,7 +224,7 @@ fn smollm2_answers_24_schemas_that_validate_beside_free_text() {
     let mut complete = 0;
     for (i, (_, schema)) in schemas.iter().enumerate() {
         let (tokens, finish) = &got[i];
-        let text = engine.tokenizer.decode(tokens).unwrap();
+        let text = engine.text.tokenizer.decode(tokens).unwrap();
         complete += usize::from(*finish == Some(Finish::Eos));
         eprintln!("schema {i} ({finish:?}): {text}");
         pairs.push((schema.clone(), text));
@@ -252,7 +253,8 @@ fn tiny() -> Engine<CpuBackend> {
 
 /// Sampled text from a random model, held to `spec`.
 fn constrained(engine: &Engine<CpuBackend>, spec: GrammarSpec, seed: u64) -> (String, StopReason) {
-    let grammars = Grammars::new(&engine.tokenizer, engine.model.info().vocab_size, &engine.end_of_generation).unwrap();
+    let grammars =
+        Grammars::new(&engine.text.tokenizer, engine.model.info().vocab_size, &engine.text.end_of_generation).unwrap();
     let c = grammars.compile(&spec).unwrap();
     let params = GenerateParams {
         sampling: SamplingParams { seed, temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() },
@@ -262,7 +264,7 @@ fn constrained(engine: &Engine<CpuBackend>, spec: GrammarSpec, seed: u64) -> (St
     let g = engine.generate_constrained(&prompt, &params, Some(c), |_| Ok(())).unwrap();
     let eos = g.generated_ids.last().is_some_and(|&t| engine.is_eos(t));
     let ids = &g.generated_ids[..g.generated_ids.len() - usize::from(eos)];
-    (engine.tokenizer.decode(ids).unwrap(), g.stop)
+    (engine.text.tokenizer.decode(ids).unwrap(), g.stop)
 }
 
 #[test]
@@ -297,7 +299,8 @@ fn regexes_and_grammars_hold_on_a_random_model() {
 #[test]
 fn what_cannot_be_enforced_is_an_error_naming_it() {
     let engine = tiny();
-    let g = Grammars::new(&engine.tokenizer, engine.model.info().vocab_size, &engine.end_of_generation).unwrap();
+    let g =
+        Grammars::new(&engine.text.tokenizer, engine.model.info().vocab_size, &engine.text.end_of_generation).unwrap();
     let cases = [
         (GrammarSpec::JsonSchema(json!({"type": "array", "uniqueItems": true})), "uniqueItems"),
         (GrammarSpec::JsonSchema(json!({"type": "object", "if": {}, "then": {}})), "if"),
@@ -336,7 +339,8 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
         return;
     };
     let engine = Engine::load(backend, &fixture("tiny-llama")).unwrap();
-    let g = Grammars::new(&engine.tokenizer, engine.model.info().vocab_size, &engine.end_of_generation).unwrap();
+    let g =
+        Grammars::new(&engine.text.tokenizer, engine.model.info().vocab_size, &engine.text.end_of_generation).unwrap();
     let prompt = engine.prompt_ids("hello");
     let mut requests: Vec<Request> = (0..6u64)
         .map(|i| {
@@ -359,7 +363,7 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
             &engine.backend,
             &*engine.model,
             config,
-            engine.end_of_generation.clone(),
+            engine.text.end_of_generation.clone(),
             Arc::new(Metrics::default()),
         );
         if ngram {
@@ -383,7 +387,7 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
     };
     let got = run(false);
     for (i, (tokens, finish)) in got.iter().take(6).enumerate() {
-        let t = engine.tokenizer.decode(tokens).unwrap();
+        let t = engine.text.tokenizer.decode(tokens).unwrap();
         let b = t.as_bytes();
         let ok = b.len() == 6
             && b[..3].iter().all(u8::is_ascii_digit)

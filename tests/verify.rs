@@ -253,7 +253,7 @@ fn logprobs_match_hf_log_softmax() {
         for (t, want) in top.iter().zip(&p.top_logprobs[last]) {
             assert!((t["logprob"].as_f64().unwrap() - f64::from(*want)).abs() < 1e-4, "{t}");
         }
-        assert_eq!(top[0]["text"], e.tokenizer.decode(&[p.top_ids[last][0]]).unwrap());
+        assert_eq!(top[0]["text"], e.text.tokenizer.decode(&[p.top_ids[last][0]]).unwrap());
     }
     // --logprobs needs --json; more than 20 is refused.
     let m = fixture("tiny-gpt2");

@@ -223,7 +223,7 @@ impl Model {
         let Request { params, stop } = req;
         self.compute(py, move |engine| {
             with_engine!(engine, |e| {
-                let mut text = TextOut::new(&e.tokenizer, &stop);
+                let mut text = TextOut::new(&e.text.tokenizer, &stop);
                 let result =
                     e.generate(&ids, &params, |id| if text.push(id, None) { Err(StopHere.into()) } else { Ok(()) })?;
                 text.finish();
@@ -363,7 +363,7 @@ impl Model {
                 let run = std::panic::AssertUnwindSafe(|| {
                     pool.install(|| {
                         with_engine!(engine, |e| {
-                            let mut text = TextOut::new(&e.tokenizer, &stop);
+                            let mut text = TextOut::new(&e.text.tokenizer, &stop);
                             let result = e.generate(&ids, &params, |id| {
                                 let stopped = text.push(id, None);
                                 let (piece, _) = text.take_ready(false);
@@ -424,13 +424,14 @@ impl Model {
     /// (as prompts get it).
     #[pyo3(signature = (text, *, add_special = true))]
     fn tokenize(&self, text: &str, add_special: bool) -> Vec<u32> {
-        with_engine!(self.engine, |e| if add_special { e.prompt_ids(text) } else { e.tokenizer.encode(text) })
+        with_engine!(self.engine, |e| if add_special { e.prompt_ids(text) } else { e.text.tokenizer.encode(text) })
     }
 
     /// The text of token ids.
     fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
         self.check_ids(&ids)?;
-        with_engine!(self.engine, |e| e.tokenizer.decode(&ids)).map_err(|e| PyValueError::new_err(format!("{e:#}")))
+        with_engine!(self.engine, |e| e.text.tokenizer.decode(&ids))
+            .map_err(|e| PyValueError::new_err(format!("{e:#}")))
     }
 
     /// The log-probability of every token of `prompt` after the first, given the ones
@@ -460,7 +461,7 @@ impl Model {
             (context, continuation) => {
                 let ctx = self.prompt_ids(context)?;
                 let cont = match continuation {
-                    Prompt::Text(t) => with_engine!(self.engine, |e| e.tokenizer.encode(&t)),
+                    Prompt::Text(t) => with_engine!(self.engine, |e| e.text.tokenizer.encode(&t)),
                     Prompt::Ids(ids) => {
                         self.check_ids(&ids)?;
                         ids

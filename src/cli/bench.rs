@@ -486,7 +486,7 @@ fn tg_input<B: Backend>(engine: Option<&Engine<B>>, args: &BenchArgs) -> anyhow:
     }
     if let Some(spec) = args.constraint.spec()? {
         let info = engine.model.info();
-        let grammars = Grammars::new(&engine.tokenizer, info.vocab_size, &engine.end_of_generation)?;
+        let grammars = Grammars::new(&engine.text.tokenizer, info.vocab_size, &engine.text.end_of_generation)?;
         input.constraint = Some(grammars.compile(&spec).map_err(anyhow::Error::msg)?);
         input.suffix.push_str(match spec {
             GrammarSpec::JsonSchema(_) => " +json-schema",

@@ -71,11 +71,11 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     if let Some(file) = &args.chat_template {
         engine.use_chat_template_file(file)?;
     }
-    if let Some(e) = &engine.chat_template_error {
+    if let Some(e) = &engine.text.chat_template_error {
         anyhow::bail!("{}: the chat template cannot be used: {e}", args.model);
     }
     anyhow::ensure!(
-        engine.chat_template.is_some(),
+        engine.text.chat_template.is_some(),
         "{} has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json); \
          use `forge generate` for plain text",
         args.model
@@ -139,7 +139,7 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             let at = reply.len();
-            stream.push_into(engine.tokenizer.token_bytes(id)?, &mut reply);
+            stream.push_into(engine.text.tokenizer.token_bytes(id)?, &mut reply);
             out.write_all(&reply.as_bytes()[at..]).context("writing to stdout")?;
             out.flush().context("writing to stdout")
         });

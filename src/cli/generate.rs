@@ -447,7 +447,7 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();
     let gpu = Engine::load(gpu_backend, &dir)?;
-    let tok = &cpu.tokenizer;
+    let tok = &cpu.text.tokenizer;
     let max_context = args.max_context(cpu.model.info().context_length)?;
     let prompt_ids = prompt_ids(&cpu, args, prompt, source)?;
     let n_ctx = cpu.check_prompt(prompt_ids.len(), max_context)?;
@@ -560,13 +560,13 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
     let constraint = match args.constraint.spec()? {
         Some(spec) => {
             let info = engine.model.info();
-            let grammars = Grammars::new(&engine.tokenizer, info.vocab_size, &engine.end_of_generation)?;
+            let grammars = Grammars::new(&engine.text.tokenizer, info.vocab_size, &engine.text.end_of_generation)?;
             Some(grammars.compile(&spec).map_err(anyhow::Error::msg)?)
         }
         None => None,
     };
     let load_time = load_start.elapsed();
-    let tok = &engine.tokenizer;
+    let tok = &engine.text.tokenizer;
     let n_positions = engine.model.info().context_length;
     let max_context = args.max_context(n_positions)?;
     let prompt_ids = prompt_ids(&engine, args, prompt, source)?;

@@ -237,7 +237,7 @@ impl SpecArgs {
                 let dir = model_dir(m, true, command)?;
                 let l = batch_forge::model::load_model(&engine.backend, &dir)
                     .map_err(|e| anyhow::anyhow!("--model-draft {m}: {e:#}"))?;
-                (DraftMethod::Model(l.model), Some(l.tokenizer))
+                (DraftMethod::Model(l.model), Some(l.text.tokenizer))
             }
             (None, None) => return Ok(()),
         };

@@ -33,6 +33,7 @@ use anyhow::{bail, ensure};
 
 use crate::backend::{Backend, HostMatrix, SeqSlice};
 use crate::chat::{ChatTemplate, Message};
+pub use crate::model::load::ModelText;
 use crate::model::{Batch, CausalLm, LogitRows};
 use crate::tokenizer::Tokenizer;
 pub use logprobs::TokenLogprobs;
@@ -41,46 +42,12 @@ pub use sampler::{Sampler, SamplingParams};
 pub use scheduler::{Event, Finish, Request, Scheduler, SchedulerConfig};
 pub use speculate::{DraftMethod, Speculation};
 
-/// [`Engine::prompt_ids`] from the parts (the server holds them apart from the model).
-pub fn prompt_ids(tokenizer: &Tokenizer, bos_token_id: Option<u32>, text: &str) -> Vec<u32> {
-    let mut ids: Vec<u32> = tokenizer.bos_to_add().into_iter().collect();
-    ids.extend(tokenizer.encode(text));
-    if ids.is_empty()
-        && let Some(bos) = bos_token_id
-    {
-        ids.push(bos);
-    }
-    ids
-}
-
-/// [`Engine::chat_prompt_ids`] from the parts.
-pub fn chat_prompt_ids(
-    tokenizer: &Tokenizer,
-    template: Option<&ChatTemplate>,
-    template_error: Option<&str>,
-    messages: &[Message],
-) -> anyhow::Result<Vec<u32>> {
-    let template = match (template, template_error) {
-        (Some(t), _) => t,
-        (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
-        (None, None) => bail!(
-            "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
-        ),
-    };
-    Ok(tokenizer.encode(&template.render(messages, true)?))
-}
-
 pub struct Engine<B: Backend> {
     pub backend: B,
     /// Any architecture: the engine only uses [`CausalLm`].
     pub model: Box<dyn CausalLm<B>>,
-    pub tokenizer: Tokenizer,
-    /// The model's chat template, if its files carry one that compiles.
-    pub chat_template: Option<ChatTemplate>,
-    /// Why the files' template could not be used, if they carry a broken one.
-    pub chat_template_error: Option<String>,
-    /// Tokens that end generation ([`crate::model::load::Loaded::end_of_generation`]).
-    pub end_of_generation: Vec<u32>,
+    /// The tokenizer, chat template and end-of-generation ids from the model's files.
+    pub text: ModelText,
     /// Speculative decoding for every scheduler this engine makes ([`Engine::speculate`]).
     pub speculation: Option<Speculation<B>>,
 }
@@ -211,15 +178,7 @@ impl<B: Backend> Engine<B> {
     /// a GGUF file, of any supported architecture.
     pub fn load(backend: B, path: &Path) -> anyhow::Result<Self> {
         let l = crate::model::load_model(&backend, path)?;
-        Ok(Engine {
-            backend,
-            model: l.model,
-            tokenizer: l.tokenizer,
-            chat_template: l.chat_template,
-            chat_template_error: l.chat_template_error,
-            end_of_generation: l.end_of_generation,
-            speculation: None,
-        })
+        Ok(Engine { backend, model: l.model, text: l.text, speculation: None })
     }
 
     /// Decode speculatively from now on (`--draft-ngram`, `--model-draft`). A draft
@@ -243,13 +202,13 @@ impl<B: Backend> Engine<B> {
             DraftMethod::Ngram(n) => ensure!(*n >= 1, "--draft-ngram must be at least 1"),
             DraftMethod::Model(_) => {
                 let Some(theirs) = draft_tokenizer else { bail!("a draft model needs its tokenizer to be checked") };
-                let (mine, theirs_n) = (self.tokenizer.vocab_size(), theirs.vocab_size());
+                let (mine, theirs_n) = (self.text.tokenizer.vocab_size(), theirs.vocab_size());
                 // The output sizes may differ by padding (Qwen 2.5 0.5B's 151,936 and 7B's
                 // 152,064 rows over one tokenizer).
                 speculate::check_draft_vocabulary(
                     mine,
                     theirs_n,
-                    |id| self.tokenizer.token_bytes(id).ok().map(<[u8]>::to_vec),
+                    |id| self.text.tokenizer.token_bytes(id).ok().map(<[u8]>::to_vec),
                     |id| theirs.token_bytes(id).ok().map(<[u8]>::to_vec),
                 )?;
             }
@@ -266,36 +225,31 @@ impl<B: Backend> Engine<B> {
         let source = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the chat template {}", path.display()))?;
         let text = |id: Option<u32>| {
-            id.and_then(|id| self.tokenizer.token_bytes(id).ok())
+            id.and_then(|id| self.text.tokenizer.token_bytes(id).ok())
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .unwrap_or_default()
         };
         let info = self.model.info();
         let (bos, eos) = (text(info.bos_token_id), text(info.eos_token_ids.first().copied()));
         let template = ChatTemplate::new(&source, &bos, &eos).with_context(|| path.display().to_string())?;
-        self.chat_template = Some(template);
-        self.chat_template_error = None;
+        self.text.chat_template = Some(template);
+        self.text.chat_template_error = None;
         Ok(())
     }
 
-    /// The token ids of a prompt as the model expects them: the tokenizer's ids, after the
-    /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
-    /// is the BOS token alone (GPT-2's `<|endoftext|>`).
+    /// [`ModelText::prompt_ids`].
     pub fn prompt_ids(&self, text: &str) -> Vec<u32> {
-        prompt_ids(&self.tokenizer, self.model.info().bos_token_id, text)
+        self.text.prompt_ids(text)
     }
 
-    /// Whether `id` ends generation.
+    /// [`ModelText::is_eos`].
     pub fn is_eos(&self, id: u32) -> bool {
-        self.end_of_generation.contains(&id)
+        self.text.is_eos(id)
     }
 
-    /// The token ids of a conversation rendered with the model's chat template, ending
-    /// with the assistant's turn opened (`add_generation_prompt`). The text is encoded as
-    /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
-    /// added (the template writes any BOS itself).
+    /// [`ModelText::chat_prompt_ids`].
     pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
-        chat_prompt_ids(&self.tokenizer, self.chat_template.as_ref(), self.chat_template_error.as_deref(), messages)
+        self.text.chat_prompt_ids(messages)
     }
 
     /// A session (a conversation) for up to `capacity` positions, capped by the model's
@@ -311,7 +265,7 @@ impl<B: Backend> Engine<B> {
             &self.backend,
             &*self.model,
             config,
-            self.end_of_generation.clone(),
+            self.text.end_of_generation.clone(),
             std::sync::Arc::new(Metrics::default()),
         );
         match &self.speculation {

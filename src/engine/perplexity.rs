@@ -47,8 +47,8 @@ impl<B: Backend> Engine<B> {
     /// The token ids llama-perplexity scores: the text tokenized with special-token text
     /// as plain text, after BOS when the model adds one.
     pub fn perplexity_tokens(&self, text: &str) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.tokenizer.bos_to_add().into_iter().collect();
-        ids.extend(self.tokenizer.encode_ordinary(text));
+        let mut ids: Vec<u32> = self.text.tokenizer.bos_to_add().into_iter().collect();
+        ids.extend(self.text.tokenizer.encode_ordinary(text));
         ids
     }
 
@@ -73,7 +73,7 @@ impl<B: Backend> Engine<B> {
         );
         ensure!(max_windows != Some(0), "score at least one window");
         let n = max_windows.map_or(n, |m| m.min(n));
-        let bos = self.tokenizer.bos_to_add();
+        let bos = self.text.tokenizer.bos_to_add();
         let first = n_ctx / 2;
         let mut state = PerplexityState::default();
         // The engine's loop scores each window as a prompt (`prompt_logprobs`), in chunks

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 use crate::backend::Backend;
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatTemplate, Message};
 use crate::loaders::gguf::GgufFile;
 pub use crate::loaders::is_gguf;
 use crate::loaders::{Gpt2Config, LlamaConfig, WeightStore, Weights};
@@ -22,6 +22,14 @@ pub const ARCHITECTURES: [&str; 5] = ["gpt2", "llama", "qwen2", "qwen3", "gemma3
 /// A model with what comes with it in its files.
 pub struct Loaded<B: Backend> {
     pub model: Box<dyn CausalLm<B>>,
+    pub text: ModelText,
+}
+
+/// The text side of a model, from its files: what turns text and conversations into
+/// token ids and ids back into text, and which ids end generation. The engine holds it
+/// beside the model; the server's HTTP side holds it alone (the model stays on the
+/// scheduler's thread).
+pub struct ModelText {
     pub tokenizer: Tokenizer,
     /// The model's chat template, if its files carry one that compiles.
     pub chat_template: Option<ChatTemplate>,
@@ -31,6 +39,51 @@ pub struct Loaded<B: Backend> {
     /// Tokens that end generation: the model's EOS ids, and (as llama.cpp does) the
     /// end-of-turn tokens its vocabulary names (`<|im_end|>`, `<|eot_id|>`, …).
     pub end_of_generation: Vec<u32>,
+    /// The model's BOS token: an empty prompt starts from it.
+    pub bos_token_id: Option<u32>,
+}
+
+impl ModelText {
+    /// The token ids of a prompt as the model expects them: the tokenizer's ids, after the
+    /// BOS token when the model's files ask for one (GGUF `add_bos_token`); an empty prompt
+    /// is the BOS token alone (GPT-2's `<|endoftext|>`).
+    pub fn prompt_ids(&self, text: &str) -> Vec<u32> {
+        let mut ids = self.encode_with_bos(text);
+        if ids.is_empty()
+            && let Some(bos) = self.bos_token_id
+        {
+            ids.push(bos);
+        }
+        ids
+    }
+
+    /// The tokenizer's ids after the BOS token when the model's files ask for one (an
+    /// empty text stays empty: llama-server's `/tokenize`).
+    pub fn encode_with_bos(&self, text: &str) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.tokenizer.bos_to_add().into_iter().collect();
+        ids.extend(self.tokenizer.encode(text));
+        ids
+    }
+
+    /// The token ids of a conversation rendered with the model's chat template, ending
+    /// with the assistant's turn opened (`add_generation_prompt`). The text is encoded as
+    /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
+    /// added (the template writes any BOS itself).
+    pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
+        let template = match (&self.chat_template, &self.chat_template_error) {
+            (Some(t), _) => t,
+            (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
+            (None, None) => bail!(
+                "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
+            ),
+        };
+        Ok(self.tokenizer.encode(&template.render(messages, true)?))
+    }
+
+    /// Whether `id` ends generation.
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.end_of_generation.contains(&id)
+    }
 }
 
 /// Load the model, its tokenizer and chat template from a model folder or a `.gguf` file.
@@ -148,7 +201,9 @@ fn finish<B: Backend>(
             end_of_generation.push(id);
         }
     }
-    Ok(Loaded { model, tokenizer, chat_template, chat_template_error, end_of_generation })
+    let bos_token_id = model.info().bos_token_id;
+    let text = ModelText { tokenizer, chat_template, chat_template_error, end_of_generation, bos_token_id };
+    Ok(Loaded { model, text })
 }
 
 fn check_vocab<B: Backend>(tokenizer: &Tokenizer, model: &dyn CausalLm<B>) -> anyhow::Result<()> {

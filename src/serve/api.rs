@@ -188,15 +188,11 @@ async fn tokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResult
     let body = body_of(&state, req).await?;
     let l = loaded(&state)?;
     let r: TokenizeRequest = parse(&body)?;
-    let ids = if r.add_special {
-        crate::engine::prompt_ids(&l.tokenizer, None, &r.content)
-    } else {
-        l.tokenizer.encode(&r.content)
-    };
+    let ids = if r.add_special { l.text.encode_with_bos(&r.content) } else { l.text.tokenizer.encode(&r.content) };
     let tokens: Vec<Value> = if r.with_pieces {
         ids.iter()
             .map(|&id| {
-                let bytes = l.tokenizer.token_bytes(id).unwrap_or(&[]);
+                let bytes = l.text.tokenizer.token_bytes(id).unwrap_or(&[]);
                 let piece = match std::str::from_utf8(bytes) {
                     Ok(s) => json!(s),
                     Err(_) => json!(bytes),
@@ -214,8 +210,8 @@ async fn detokenize(State(state): State<Arc<AppState>>, req: Request) -> ApiResu
     let body = body_of(&state, req).await?;
     let l = loaded(&state)?;
     let r: DetokenizeRequest = parse(&body)?;
-    let ids = check_ids(&r.tokens, l.tokenizer.vocab_size(), "tokens")?;
-    let text = l.tokenizer.decode(&ids).map_err(|e| ApiError::bad("tokens", e.to_string()))?;
+    let ids = check_ids(&r.tokens, l.text.tokenizer.vocab_size(), "tokens")?;
+    let text = l.text.tokenizer.decode(&ids).map_err(|e| ApiError::bad("tokens", e.to_string()))?;
     Ok(axum::Json(json!({ "content": text })).into_response())
 }
 
@@ -342,11 +338,9 @@ fn check_completion(state: &AppState, body: &Bytes) -> Result<CheckedRequest, Ap
     }
     let vocab = l.info.vocab_size;
     let (prompt, prompt_text) = match &r.prompt {
-        None => (crate::engine::prompt_ids(&l.tokenizer, l.info.bos_token_id, ""), String::new()),
-        Some(Prompt::Text(t)) => (crate::engine::prompt_ids(&l.tokenizer, l.info.bos_token_id, t), t.clone()),
-        Some(Prompt::Texts(v)) if v.len() == 1 => {
-            (crate::engine::prompt_ids(&l.tokenizer, l.info.bos_token_id, &v[0]), v[0].clone())
-        }
+        None => (l.text.prompt_ids(""), String::new()),
+        Some(Prompt::Text(t)) => (l.text.prompt_ids(t), t.clone()),
+        Some(Prompt::Texts(v)) if v.len() == 1 => (l.text.prompt_ids(&v[0]), v[0].clone()),
         Some(Prompt::Texts(v)) => {
             return Err(ApiError::bad("prompt", format!("one prompt per request, got {}", v.len())));
         }
@@ -355,7 +349,7 @@ fn check_completion(state: &AppState, body: &Bytes) -> Result<CheckedRequest, Ap
             if ids.is_empty() {
                 ids.extend(l.info.bos_token_id);
             }
-            let text = l.tokenizer.decode(&ids).unwrap_or_default();
+            let text = l.text.tokenizer.decode(&ids).unwrap_or_default();
             (ids, text)
         }
     };
@@ -414,9 +408,7 @@ fn check_chat(state: &AppState, body: &Bytes) -> Result<CheckedRequest, ApiError
         };
         msgs.push(Message { role: m.role.clone(), content });
     }
-    let prompt =
-        crate::engine::chat_prompt_ids(&l.tokenizer, l.chat_template.as_ref(), l.chat_template_error.as_deref(), &msgs)
-            .map_err(|e| ApiError::bad("messages", format!("{e:#}")))?;
+    let prompt = l.text.chat_prompt_ids(&msgs).map_err(|e| ApiError::bad("messages", format!("{e:#}")))?;
     if prompt.is_empty() {
         return Err(ApiError::bad("messages", "the chat template rendered an empty prompt"));
     }
@@ -477,7 +469,7 @@ async fn answer(state: Arc<AppState>, api: Api, c: Checked, echo: String, user: 
     }
     let started = Instant::now();
     let mut rx = rx;
-    let mut out = TextOut::new(&l.tokenizer, &c.stops);
+    let mut out = TextOut::new(&l.text.tokenizer, &c.stops);
     let mut finish = None;
     let mut generated = 0;
     let mut cached = 0;

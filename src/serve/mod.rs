@@ -30,12 +30,10 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::Backend;
-use crate::chat::ChatTemplate;
 use crate::engine::scheduler::BLOCK_TOKENS;
-use crate::engine::{Engine, Event, Request, Scheduler};
+use crate::engine::{Engine, Event, ModelText, Request, Scheduler};
 pub use crate::engine::{Metrics, SchedulerConfig};
 use crate::model::ModelInfo;
-use crate::tokenizer::Tokenizer;
 
 /// A request from a handler, with the channel its events go to.
 pub struct Job {
@@ -61,9 +59,9 @@ pub struct ServeConfig {
 
 /// What the HTTP side needs once the model is loaded.
 pub struct Loaded {
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<ChatTemplate>,
-    pub chat_template_error: Option<String>,
+    /// The tokenizer, chat template and end-of-generation ids (the model stays on the
+    /// scheduler's thread).
+    pub text: ModelText,
     pub info: ModelInfo,
     pub created: u64,
     /// The scheduler's settings with the pool size resolved.
@@ -106,8 +104,7 @@ impl AppState {
 /// the HTTP side needs, then loop. Call it on the thread (and rayon pool) that should
 /// run the model.
 pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Result<()> {
-    let Engine { backend, model, tokenizer, chat_template, chat_template_error, end_of_generation, speculation } =
-        engine;
+    let Engine { backend, model, text, speculation } = engine;
     let info = model.info().clone();
     let mut cfg = state.config.scheduler.clone();
     cfg.parallel = cfg.parallel.max(1);
@@ -118,10 +115,11 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     cfg.batch_tokens = cfg.batch_tokens.max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let grammars = crate::engine::grammar::Grammars::new(&tokenizer, info.vocab_size, &end_of_generation)
+    let grammars = crate::engine::grammar::Grammars::new(&text.tokenizer, info.vocab_size, &text.end_of_generation)
         .map_err(|e| format!("{e:#}"));
+    let end_of_generation = text.end_of_generation.clone();
     let scheduler = cfg.clone();
-    let loaded = Loaded { tokenizer, chat_template, chat_template_error, info, created, scheduler, jobs: tx, grammars };
+    let loaded = Loaded { text, info, created, scheduler, jobs: tx, grammars };
     if state.loaded.set(loaded).is_err() {
         anyhow::bail!("the server's model was loaded twice");
     }

@@ -45,7 +45,7 @@ pub(super) async fn stream_task(
 ) {
     let Some(l) = state.loaded.get() else { return };
     let started = Instant::now();
-    let mut out = TextOut::new(&l.tokenizer, &c.stops);
+    let mut out = TextOut::new(&l.text.tokenizer, &c.stops);
     let chunk = |text: &str, lp: Option<Value>, finish: Option<&str>| match api {
         Api::Completions => json!({
             "id": m.rid, "object": "text_completion", "created": m.created, "model": m.name,
