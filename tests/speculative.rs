@@ -618,15 +618,21 @@ impl<B: Backend> batch_forge::model::CausalLm<B> for Counted<'_, B> {
 }
 
 /// A draft model's caches stay inside what each request reserved in the block pool, and
-/// it catches up on new prompts in forwards of bounded rows: the model drafting for
-/// itself (greedy, so every draft is right) with catch-up chunks of 8 rows over eight
-/// prompts of 5 to 17 tokens accepts every draft and changes no bit.
+/// it catches up on new prompts in one forward of bounded rows per step: the model
+/// drafting for itself (greedy, so every draft is right) with catch-up chunks of 8 rows
+/// over eight prompts of 5 to 17 tokens accepts every draft and changes no bit. Every
+/// request reserves the same 30 positions, so the largest draft cache bounds each one.
 #[test]
 fn a_draft_model_catches_up_in_chunks_inside_the_reserved_positions() {
     let engine = load_cpu("tiny-llama", true);
-    let requests: Vec<Request> =
-        prompts(384).iter().enumerate().filter(|(i, _)| i % 2 == 0).map(|(i, p)| request(i as u64, p, 12)).collect();
-    let reserved = requests.iter().map(|r| r.prompt.len() + r.max_tokens - 1).max().unwrap();
+    let requests: Vec<Request> = prompts(384)
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 0)
+        .map(|(i, p)| request(i as u64, p, 31 - p.len()))
+        .collect();
+    let reserved = 30;
+    assert!(requests.iter().all(|r| r.prompt.len() + r.max_tokens - 1 == reserved));
     assert!(requests.iter().map(|r| r.prompt.len()).sum::<usize>() > 8 * 8, "the prompts need several chunks");
     let (plain, _) = run(&engine, 8, &requests, None);
     let counted = Counted { inner: &*engine.model, max_capacity: Default::default(), max_rows: Default::default() };
@@ -637,6 +643,53 @@ fn a_draft_model_catches_up_in_chunks_inside_the_reserved_positions() {
     let (capacity, rows) = (counted.max_capacity.load(Ordering::Relaxed), counted.max_rows.load(Ordering::Relaxed));
     assert!(capacity <= reserved, "a draft cache of {capacity} positions; the largest request reserved {reserved}");
     assert!(rows <= 8, "a draft forward of {rows} rows");
+}
+
+/// A draft model's caches live as long as their sequences: none is left once every
+/// request has ended, also when the last steps ran more sequences than
+/// `--draft-batch-max` (no drafting, so no `propose` to drop them in).
+#[test]
+fn draft_caches_end_with_their_sequences() {
+    struct Probe<'m> {
+        inner: ModelDrafter<'m, CpuBackend>,
+        held: Arc<std::sync::atomic::AtomicUsize>,
+    }
+    impl Drafter<CpuBackend> for Probe<'_> {
+        fn propose(&mut self, b: &CpuBackend, seqs: &[DraftSeq<'_>], d: &mut [Vec<u32>]) -> anyhow::Result<()> {
+            self.inner.propose(b, seqs, d)?;
+            self.held.store(self.inner.cached_sequences(), Ordering::Relaxed);
+            Ok(())
+        }
+        fn keep_only(&mut self, running: &[u64]) {
+            Drafter::<CpuBackend>::keep_only(&mut self.inner, running);
+            self.held.store(self.inner.cached_sequences(), Ordering::Relaxed);
+        }
+    }
+    let engine = load_cpu("tiny-llama", true);
+    let draft = load_cpu("tiny-llama-odd", true);
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Two short requests draft alone; four more arrive, so the batch passes the limit
+    // of 2 and drafting stops while the first two end.
+    let requests: Vec<Request> =
+        prompts(384).iter().take(6).enumerate().map(|(i, p)| request(i as u64, p, 10 + 4 * i)).collect();
+    let mut s = Scheduler::new(&engine.backend, &*engine.model, config(6), vec![], Arc::new(Metrics::default()))
+        .with_drafter(Box::new(Probe { inner: ModelDrafter::new(&*draft.model), held: held.clone() }), 4, 0)
+        .draft_while_at_most(2);
+    let mut events = Vec::new();
+    for r in &requests[..2] {
+        s.add(r.clone());
+    }
+    s.step(&mut events);
+    s.step(&mut events);
+    assert_eq!(held.load(Ordering::Relaxed), 2, "the two drafting sequences hold caches");
+    for r in &requests[2..] {
+        s.add(r.clone());
+    }
+    while s.busy() {
+        s.step(&mut events);
+    }
+    assert!(events.iter().all(|(_, e)| !matches!(e, Event::Failed(_))));
+    assert_eq!(held.load(Ordering::Relaxed), 0, "draft caches outlived their sequences");
 }
 
 /// Drafts take at most half of a step's budget left after decode rows while a prompt

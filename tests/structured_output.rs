@@ -357,7 +357,7 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
     let mut free = Request::new(6, prompt.clone(), 20, SamplingParams::greedy());
     free.ignore_eos = true;
     requests.push(free);
-    let run = |ngram: bool| {
+    let run = |ngram: bool, requests: &[Request]| {
         let config = SchedulerConfig { parallel: 8, ..SchedulerConfig::single(4096) };
         let mut s = Scheduler::new(
             &engine.backend,
@@ -383,9 +383,9 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
                 }
             }
         }
-        got
+        (got, s.metrics().spec_draft_tokens.load(std::sync::atomic::Ordering::Relaxed))
     };
-    let got = run(false);
+    let (got, _) = run(false, &requests);
     for (i, (tokens, finish)) in got.iter().take(6).enumerate() {
         let t = engine.text.tokenizer.decode(tokens).unwrap();
         let b = t.as_bytes();
@@ -397,5 +397,10 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
         assert_eq!(*finish, Some(Finish::Eos), "request {i}");
     }
     assert_eq!(got[6].0.len(), 20, "the free request");
-    assert_eq!(run(true), got, "with n-gram drafts");
+    let mut alone = requests[6].clone();
+    alone.id = 0;
+    assert_eq!(run(false, &[alone]).0[0], got[6], "the free request beside constrained ones and alone");
+    let (spec, drafted) = run(true, &requests);
+    assert_eq!(spec, got, "with n-gram drafts");
+    assert!(drafted > 0, "no draft was verified");
 }

@@ -648,7 +648,11 @@ fn bench_model<B: Backend>(
                             return Ok(start.elapsed().as_secs_f64());
                         }
                         let run = tg_run(backend, model, engine, &input, &tokens, n, seqs)?;
-                        anyhow::ensure!(run.tokens > 0, "tg{n}: no token was generated after the first");
+                        anyhow::ensure!(
+                            run.tokens > 0,
+                            "tg{n}: every output was complete with its first token, so there is nothing to time \
+                             (a constraint that allows longer outputs?)"
+                        );
                         if rep > 0 {
                             (drafted, accepted, generated) =
                                 (drafted + run.drafted, accepted + run.accepted, generated + run.tokens);

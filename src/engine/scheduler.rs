@@ -8,7 +8,7 @@
 //! - **plan**: admit waiting requests while their KV blocks are free (a request is
 //!   dropped the moment [`Scheduler::abort`] is called), then choose the rows: one
 //!   decode row for every running sequence, then the drafts to verify (speculative
-//!   decoding; at most half of the budget left while a prompt waits), then chunks of
+//!   decoding; while prompts wait, they leave them up to half of the budget), then chunks of
 //!   waiting prompts up to a per-step token budget (chunked prefill), so a long prompt
 //!   never stalls the sequences already decoding;
 //! - **run**: one forward over those rows, then the token picker: the argmax on the
@@ -305,6 +305,8 @@ pub struct Scheduler<'m, B: Backend> {
     /// Draft only while at most this many sequences run.
     draft_batch_max: usize,
     drafts: Vec<Vec<u32>>,
+    /// The ids of the running sequences, for [`Drafter::keep_only`].
+    running_ids: Vec<u64>,
     /// The mask of each member's first pick this step, for constrained sequences
     /// (computed while the forward runs).
     masks: Vec<Option<Result<Mask, String>>>,
@@ -344,6 +346,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             drafter: None,
             draft_batch_max: usize::MAX,
             drafts: Vec::new(),
+            running_ids: Vec::new(),
             masks: Vec::new(),
         }
     }
@@ -427,6 +430,17 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// One step: admit what fits, run one forward over every running sequence, pick
     /// their tokens, retire finished sequences; what happened is appended to `out`.
     pub fn step(&mut self, out: &mut Vec<(u64, Event)>) {
+        self.step_once(out);
+        // A drafter drops what it keeps for sequences that have ended (a draft model's
+        // caches), also in steps that did not draft.
+        if let Some((drafter, ..)) = self.drafter.as_mut() {
+            self.running_ids.clear();
+            self.running_ids.extend(self.running.iter().map(|s| s.request.id));
+            drafter.keep_only(&self.running_ids);
+        }
+    }
+
+    fn step_once(&mut self, out: &mut Vec<(u64, Event)>) {
         self.admit(out);
         if self.running.is_empty() {
             self.publish();
@@ -473,14 +487,18 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 budget -= 1;
             }
         }
-        // Then drafts to verify, before new prompts; while a prompt waits for its
-        // chunk, they take at most half of what is left, so that speculation never
-        // holds a prompt's prefill back for long.
-        let prompt_waits = self.running.iter().any(|s| s.tokens.len() - s.cached > 1);
-        let mut draft_budget = if prompt_waits { budget / 2 } else { budget };
+        // Then drafts to verify, before new prompts; while prompts wait for their
+        // chunks, drafts leave them what they need up to half of what is left, so that
+        // speculation never holds a prompt's prefill back for long.
+        let waiting: usize = self.running.iter().map(|s| s.tokens.len() - s.cached).filter(|&p| p > 1).sum();
+        let mut draft_budget = budget - waiting.min(budget / 2);
         budget -= draft_budget;
+        let least = self.drafter.as_ref().map_or(1, |d| d.2.max(1));
         for (f, s) in self.feed.iter_mut().zip(&mut self.running) {
             s.draft.truncate(draft_budget);
+            if s.draft.len() < least {
+                s.draft.clear(); // cut below --draft-min: not verified
+            }
             *f += s.draft.len();
             draft_budget -= s.draft.len();
         }

@@ -44,9 +44,15 @@ pub struct DraftSeq<'a> {
 pub trait Drafter<B: Backend>: Send {
     /// Fill `drafts[i]` (cleared by the caller) with at most `seqs[i].max` tokens that
     /// may follow `seqs[i].tokens` (`max` 0: none this step, but the sequence runs on).
-    /// Sequences absent from `seqs` have ended: a drafter may drop what it keeps for them. An error drops this step's drafts (the step
-    /// decodes one token per sequence as without speculation).
+    /// Sequences absent from `seqs` have ended: a drafter may drop what it keeps for
+    /// them. An error drops this step's drafts (the step decodes one token per sequence
+    /// as without speculation).
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()>;
+
+    /// Drop what is kept for every sequence but `running` (the scheduler calls it after
+    /// each step, also when it did not draft): a draft model's caches then never outlive
+    /// the positions their sequences reserved.
+    fn keep_only(&mut self, _running: &[u64]) {}
 }
 
 /// What drafts a scheduler's sequences (`--draft-ngram`, `--model-draft`, with
@@ -180,15 +186,17 @@ struct DraftCache<C> {
     tokens: Vec<u32>,
 }
 
-/// Rows per forward when a draft model catches up on what its caches lack (a new
-/// prompt): the activations of one forward stay bounded however long the prompts.
+/// Rows a draft model feeds per step to catch up on what its caches lack (a new
+/// prompt): a step's catch-up is one forward of at most this many rows, however long
+/// the prompts.
 pub const CATCH_UP_CHUNK: usize = 512;
 
-/// Greedy decoding with a draft model: per step, one forward feeds each sequence what
-/// its draft cache lacks (the whole prompt the first time, then the tokens accepted
-/// since; forwards of at most [`CATCH_UP_CHUNK`] rows before it when that is long),
-/// then one forward per further draft token, all sequences batched. Each sequence's
-/// draft cache grows as it fills, up to the positions its request reserved.
+/// Greedy decoding with a draft model: per step, one forward of at most
+/// [`CATCH_UP_CHUNK`] rows feeds each sequence what its draft cache lacks (the whole
+/// prompt the first time, over several steps when it is long; then the tokens accepted
+/// since), then one forward per further draft token, all sequences batched. A
+/// sequence still catching up is not drafted. Each sequence's draft cache grows as it
+/// fills, up to the positions its request reserved.
 pub struct ModelDrafter<'m, B: Backend> {
     model: &'m dyn CausalLm<B>,
     caches: Vec<DraftCache<B::KvCache>>,
@@ -209,7 +217,12 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
         }
     }
 
-    /// Catch up in forwards of at most `rows` rows instead of [`CATCH_UP_CHUNK`].
+    /// How many sequences it holds a KV cache for.
+    pub fn cached_sequences(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// Catch up at most `rows` rows per step instead of [`CATCH_UP_CHUNK`].
     pub fn catch_up_in(mut self, rows: usize) -> Self {
         self.chunk = rows.max(1);
         self
@@ -262,6 +275,10 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
 }
 
 impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
+    fn keep_only(&mut self, running: &[u64]) {
+        self.caches.retain(|c| running.contains(&c.id));
+    }
+
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
         self.caches.retain(|c| seqs.iter().any(|s| s.id == c.id));
         let (context, vocab) = (self.model.info().context_length, self.model.info().vocab_size);
@@ -309,41 +326,35 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
         if plan.is_empty() {
             return Ok(());
         }
-        // Catch up in forwards of at most `chunk` rows: all but the last `chunk` rows
-        // fed first (prefixes of each sequence's pending tokens, in order), then one
-        // forward whose last row of each sequence is picked.
-        let mut fed: Vec<usize> = plan.iter().map(|p| p.2).collect();
-        let chunk = self.chunk;
-        loop {
-            let pending: usize = plan.iter().zip(&fed).map(|(&(_, si, _), &f)| seqs[si].tokens.len() - f).sum();
-            if pending <= chunk {
-                break;
+        // One forward catches up: each sequence's pending tokens while they fit `chunk`
+        // rows (it is drafted), else as many as fit but its last (it catches up over the
+        // next steps and is not drafted in this one). A long new prompt thus costs the
+        // step one bounded forward of the draft model, never a whole prefill.
+        let mut room = self.chunk;
+        let (mut which, mut rows, mut drafted) = (Vec::new(), Vec::new(), Vec::new());
+        for &(ci, si, keep) in &plan {
+            let tokens = seqs[si].tokens;
+            let pending = tokens.len() - keep;
+            let take = if pending <= room { pending } else { room.min(pending - 1) };
+            if take == 0 {
+                continue;
             }
-            let mut room = (pending - chunk).min(chunk);
-            let (mut which, mut rows) = (Vec::new(), Vec::new());
-            for (k, &(ci, si, _)) in plan.iter().enumerate() {
-                // Never a sequence's last token: the final forward picks from it.
-                let take = (seqs[si].tokens.len() - 1 - fed[k]).min(room);
-                if take > 0 {
-                    which.push(ci);
-                    rows.push(&seqs[si].tokens[fed[k]..fed[k] + take]);
-                    fed[k] += take;
-                    room -= take;
-                }
+            which.push(ci);
+            rows.push(&tokens[keep..keep + take]);
+            room -= take;
+            if take == pending {
+                drafted.push((ci, si, which.len() - 1));
             }
-            if which.is_empty() {
-                break;
-            }
-            self.run(backend, &which, &rows, false)?;
         }
-        let which: Vec<usize> = plan.iter().map(|p| p.0).collect();
-        let rows: Vec<&[u32]> = plan.iter().zip(&fed).map(|(&(_, si, _), &f)| &seqs[si].tokens[f..]).collect();
-        self.run(backend, &which, &rows, true)?;
-        for (k, &(_, si, _)) in plan.iter().enumerate() {
+        if which.is_empty() {
+            return Ok(());
+        }
+        self.run(backend, &which, &rows, !drafted.is_empty())?;
+        for &(_, si, k) in &drafted {
             drafts[si].push(self.ids[k]);
         }
         // Then one token per forward, for the sequences that want more.
-        let mut active: Vec<(usize, usize)> = plan.iter().map(|&(ci, si, _)| (ci, si)).collect();
+        let mut active: Vec<(usize, usize)> = drafted.iter().map(|&(ci, si, _)| (ci, si)).collect();
         loop {
             active.retain(|&(_, si)| drafts[si].len() < seqs[si].max);
             if active.is_empty() {
