@@ -10,6 +10,7 @@ mod common;
 
 use std::sync::Arc;
 
+use batch_forge::backend::Backend;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::engine::grammar::{GrammarSpec, Grammars};
 use batch_forge::engine::speculate::NgramDrafter;
@@ -151,8 +152,12 @@ fn smollm2() -> Option<Engine<CpuBackend>> {
     Some(Engine::load(cpu(), &path).unwrap())
 }
 
-/// Run `requests` on one scheduler (up to 16 at once); each one's tokens and how it ended.
-fn run(engine: &Engine<CpuBackend>, requests: Vec<Request>, ngram: bool) -> Vec<(Vec<u32>, Option<Finish>)> {
+/// A request's tokens and how it ended.
+type Outcome = (Vec<u32>, Option<Finish>);
+
+/// Run `requests` on one scheduler (up to 16 at once), with n-gram drafts if `ngram`:
+/// each one's tokens and how it ended, and the draft tokens verified.
+fn run<B: Backend>(engine: &Engine<B>, requests: &[Request], ngram: bool) -> (Vec<Outcome>, u64) {
     let config = SchedulerConfig { parallel: 16, ..SchedulerConfig::single(16 * 1024) };
     let mut s = Scheduler::new(
         &engine.backend,
@@ -164,11 +169,8 @@ fn run(engine: &Engine<CpuBackend>, requests: Vec<Request>, ngram: bool) -> Vec<
     if ngram {
         s = s.with_drafter(Box::new(NgramDrafter::new(3)), 8, 0);
     }
-    let n = requests.len();
-    for r in requests {
-        s.add(r);
-    }
-    let mut got = vec![(Vec::new(), None); n];
+    requests.iter().for_each(|r| s.add(r.clone()));
+    let mut got = vec![(Vec::new(), None); requests.len()];
     let mut events = Vec::new();
     while s.busy() {
         s.step(&mut events);
@@ -181,7 +183,7 @@ fn run(engine: &Engine<CpuBackend>, requests: Vec<Request>, ngram: bool) -> Vec<
             }
         }
     }
-    got
+    (got, s.metrics().spec_draft_tokens.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 #[test]
@@ -217,7 +219,7 @@ fn smollm2_answers_24_schemas_that_validate_beside_free_text() {
         })
         .collect();
     requests.extend(free.iter().cloned());
-    let got = run(&engine, requests.clone(), false);
+    let (got, _) = run(&engine, &requests, false);
     // Every answer must validate, even one cut at max_tokens (a number whose digits run
     // on is still a number); nearly all end by themselves.
     let mut pairs = Vec::new();
@@ -234,10 +236,10 @@ fn smollm2_answers_24_schemas_that_validate_beside_free_text() {
     for (k, r) in free.iter().enumerate() {
         let mut alone = r.clone();
         alone.id = 0;
-        assert_eq!(run(&engine, vec![alone], false)[0], got[schemas.len() + k], "free text {k}");
+        assert_eq!(run(&engine, &[alone], false).0[0], got[schemas.len() + k], "free text {k}");
     }
     // N-gram speculation changes no constrained token either.
-    let spec = run(&engine, requests, true);
+    let (spec, _) = run(&engine, &requests, true);
     assert_eq!(spec, got, "with n-gram drafts");
     if let Some(verdicts) = python_validates(&pairs) {
         for (i, v) in verdicts.iter().enumerate() {
@@ -357,35 +359,7 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
     let mut free = Request::new(6, prompt.clone(), 20, SamplingParams::greedy());
     free.ignore_eos = true;
     requests.push(free);
-    let run = |ngram: bool, requests: &[Request]| {
-        let config = SchedulerConfig { parallel: 8, ..SchedulerConfig::single(4096) };
-        let mut s = Scheduler::new(
-            &engine.backend,
-            &*engine.model,
-            config,
-            engine.text.end_of_generation.clone(),
-            Arc::new(Metrics::default()),
-        );
-        if ngram {
-            s = s.with_drafter(Box::new(NgramDrafter::new(3)), 8, 0);
-        }
-        requests.iter().for_each(|r| s.add(r.clone()));
-        let mut got = vec![(Vec::new(), None); requests.len()];
-        let mut events = Vec::new();
-        while s.busy() {
-            s.step(&mut events);
-            for (id, e) in events.drain(..) {
-                match e {
-                    Event::Token { id: t, .. } => got[id as usize].0.push(t),
-                    Event::Finished { reason, .. } => got[id as usize].1 = Some(reason),
-                    Event::Failed(e) => panic!("request {id}: {e}"),
-                    _ => {}
-                }
-            }
-        }
-        (got, s.metrics().spec_draft_tokens.load(std::sync::atomic::Ordering::Relaxed))
-    };
-    let (got, _) = run(false, &requests);
+    let (got, _) = run(&engine, &requests, false);
     for (i, (tokens, finish)) in got.iter().take(6).enumerate() {
         let t = engine.text.tokenizer.decode(tokens).unwrap();
         let b = t.as_bytes();
@@ -399,8 +373,8 @@ fn constraints_hold_on_the_gpu_beside_free_text() {
     assert_eq!(got[6].0.len(), 20, "the free request");
     let mut alone = requests[6].clone();
     alone.id = 0;
-    assert_eq!(run(false, &[alone]).0[0], got[6], "the free request beside constrained ones and alone");
-    let (spec, drafted) = run(true, &requests);
+    assert_eq!(run(&engine, &[alone], false).0[0], got[6], "the free request beside constrained ones and alone");
+    let (spec, drafted) = run(&engine, &requests, true);
     assert_eq!(spec, got, "with n-gram drafts");
     assert!(drafted > 0, "no draft was verified");
 }
