@@ -513,6 +513,38 @@ fn perplexity_equals_llama_cpp() {
     assert!(e.perplexity(&tokens, 4096, None, |_| Ok(())).is_err());
 }
 
+/// Windows longer than the engine's scoring chunk (512 rows) are prefilled in chunks:
+/// SmolLM2 with `-c 600` gives the estimate that one forward over each whole window
+/// gives, to rounding (the chunked attention sums in another order).
+#[test]
+fn smollm2_perplexity_windows_span_scoring_chunks() {
+    let Some(path) = smollm2() else { return };
+    let e = Engine::load(CpuBackend::new(Default::default()).unwrap(), &path).unwrap();
+    let text = std::fs::read_to_string(fixture("perplexity.txt")).unwrap().repeat(6);
+    let tokens = e.perplexity_tokens(&text);
+    let n_ctx = 600;
+    assert!(n_ctx > batch_forge::engine::SCORE_CHUNK && tokens.len() >= 2 * n_ctx, "{} tokens", tokens.len());
+    let s = e.perplexity(&tokens, n_ctx, Some(2), |_| Ok(())).unwrap();
+    let (mut nll, mut count) = (0f64, 0);
+    for w in 0..2 {
+        let mut window = tokens[w * n_ctx..(w + 1) * n_ctx].to_vec();
+        if let Some(bos) = e.text.tokenizer.bos_to_add() {
+            window[0] = bos;
+        }
+        let logits = e.logits_all(&window).unwrap();
+        for j in n_ctx / 2..n_ctx - 1 {
+            let row = logits.row(j);
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            nll -= row[tokens[w * n_ctx + j + 1] as usize] as f64 - max - sum.ln();
+            count += 1;
+        }
+    }
+    assert_eq!(count, s.count);
+    let whole = (nll / count as f64).exp();
+    assert!((whole / s.ppl() - 1.0).abs() < 1e-4, "chunked {} vs whole windows {whole}", s.ppl());
+}
+
 /// A chat template that does not compile leaves the model usable for plain generation;
 /// only chat says why. A folder's `chat_template.jinja` is found.
 #[test]

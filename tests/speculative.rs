@@ -413,6 +413,10 @@ impl<B: Backend, D: Drafter<B>> Drafter<B> for Watch<D> {
         }
         Ok(())
     }
+
+    fn keep_only(&mut self, running: &[u64]) {
+        self.inner.keep_only(running);
+    }
 }
 
 /// A draft model and the model may have vocabularies of different sizes over one
@@ -647,7 +651,8 @@ fn a_draft_model_catches_up_in_chunks_inside_the_reserved_positions() {
 
 /// A draft model's caches live as long as their sequences: none is left once every
 /// request has ended, also when the last steps ran more sequences than
-/// `--draft-batch-max` (no drafting, so no `propose` to drop them in).
+/// `--draft-batch-max` (no drafting, so no `propose` to drop them in); a conversation's
+/// stays between turns, until its session is released.
 #[test]
 fn draft_caches_end_with_their_sequences() {
     struct Probe<'m> {
@@ -690,6 +695,18 @@ fn draft_caches_end_with_their_sequences() {
     }
     assert!(events.iter().all(|(_, e)| !matches!(e, Event::Failed(_))));
     assert_eq!(held.load(Ordering::Relaxed), 0, "draft caches outlived their sequences");
+    // A conversation's turn ends with its cache pinned to the session: its draft cache
+    // stays for the next turn, until the session is released.
+    let mut turn = requests[0].clone();
+    turn.session = Some(7);
+    s.add(turn);
+    while s.busy() {
+        s.step(&mut events);
+    }
+    assert_eq!(held.load(Ordering::Relaxed), 1, "the session's draft cache was dropped between turns");
+    s.release_session(7);
+    s.step(&mut events);
+    assert_eq!(held.load(Ordering::Relaxed), 0, "a released session's draft cache");
 }
 
 /// Drafts take at most half of a step's budget left after decode rows while a prompt

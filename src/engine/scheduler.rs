@@ -268,6 +268,8 @@ impl DraftPace {
 /// A session's cache between its requests.
 struct Pinned<C> {
     session: u64,
+    /// The id of the session's last request (a drafter keeps its state under it).
+    request: u64,
     /// The tokens whose keys and values it holds.
     tokens: Vec<u32>,
     cache: C,
@@ -432,10 +434,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     pub fn step(&mut self, out: &mut Vec<(u64, Event)>) {
         self.step_once(out);
         // A drafter drops what it keeps for sequences that have ended (a draft model's
-        // caches), also in steps that did not draft.
+        // caches), also in steps that did not draft; a session's pinned sequence has not
+        // ended (its next turn goes on from its draft cache too).
         if let Some((drafter, ..)) = self.drafter.as_mut() {
             self.running_ids.clear();
             self.running_ids.extend(self.running.iter().map(|s| s.request.id));
+            self.running_ids.extend(self.pinned.iter().map(|p| p.request));
             drafter.keep_only(&self.running_ids);
         }
     }
@@ -491,7 +495,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         // chunks, drafts leave them what they need up to half of what is left, so that
         // speculation never holds a prompt's prefill back for long.
         let waiting: usize = self.running.iter().map(|s| s.tokens.len() - s.cached).filter(|&p| p > 1).sum();
-        let mut draft_budget = budget - waiting.min(budget / 2);
+        let mut draft_budget = budget - waiting.min(budget.div_ceil(2));
         budget -= draft_budget;
         let least = self.drafter.as_ref().map_or(1, |d| d.2.max(1));
         for (f, s) in self.feed.iter_mut().zip(&mut self.running) {
@@ -676,21 +680,24 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                 use rayon::prelude::*;
                 let (prompt, logits, row0) = (&seq.request.prompt, &self.logits, self.first[k]);
                 let rows = fed.min(prompt.len() - 1 - seq.cached);
-                let results: Vec<Result<TokenLogprobs, usize>> = (0..rows)
+                let results: Vec<Result<TokenLogprobs, (usize, usize, f32)>> = (0..rows)
                     .into_par_iter()
                     .map(|j| {
                         let row = logits.row(row0 + j);
                         let next = seq.cached + j + 1;
-                        if row.iter().any(|v| !v.is_finite()) {
-                            return Err(next - 1);
+                        if let Some(t) = row.iter().position(|v| !v.is_finite()) {
+                            return Err((next - 1, t, row[t]));
                         }
                         Ok(token_logprobs(row, prompt[next], n))
                     })
                     .collect();
                 let broken = results.iter().find_map(|r| r.as_ref().err().copied());
                 let scored: Vec<TokenLogprobs> = results.into_iter().filter_map(Result::ok).collect();
-                if let Some(pos) = broken {
-                    let e = format!("the model produced non-finite logits at prompt position {pos}");
+                if let Some((pos, t, v)) = broken {
+                    let e = format!(
+                        "the model produced non-finite logits (token id {t}: {v}) at prompt position {pos}; \
+                         the weights or the computation are broken (try --backend reference to compare)"
+                    );
                     out.push((id, Event::Failed(e)));
                     self.finished.push((i, None));
                     continue;
@@ -828,8 +835,8 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             // caches are not evicted: sessions are for a client that runs one, as chat).
             let blocks = blocks_for(seq.capacity);
             self.used_blocks = self.used_blocks - seq.blocks + blocks;
-            let (cache, capacity) = (seq.cache, seq.capacity);
-            self.pinned.push(Pinned { session, tokens, cache, capacity, blocks });
+            let (cache, capacity, request) = (seq.cache, seq.capacity, seq.request.id);
+            self.pinned.push(Pinned { session, request, tokens, cache, capacity, blocks });
             return;
         }
         self.used_blocks -= seq.blocks;
