@@ -457,7 +457,6 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, info: Info, source: &Sourc
         Source::Path(path) => {
             let mut engine = Engine::load(backend, path)?;
             args.spec.apply(&mut engine, "bench")?;
-            let engine = engine;
             bench_model(&engine.backend, &*engine.model, Some(&engine), args, info)
         }
     }

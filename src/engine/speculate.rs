@@ -44,9 +44,9 @@ pub struct DraftSeq<'a> {
 pub trait Drafter<B: Backend>: Send {
     /// Fill `drafts[i]` (cleared by the caller) with at most `seqs[i].max` tokens that
     /// may follow `seqs[i].tokens` (`max` 0: none this step, but the sequence runs on).
-    /// Sequences absent from `seqs` have ended: a drafter may drop what it keeps for
-    /// them. An error drops this step's drafts (the step decodes one token per sequence
-    /// as without speculation).
+    /// Every running sequence is listed; what a drafter keeps for sequences that ended
+    /// is dropped in [`Drafter::keep_only`]. An error drops this step's drafts (the step
+    /// decodes one token per sequence as without speculation).
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()>;
 
     /// Drop what is kept for every sequence but `running` (the scheduler calls it after
@@ -280,21 +280,17 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
     }
 
     fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
-        self.caches.retain(|c| seqs.iter().any(|s| s.id == c.id));
         let (context, vocab) = (self.model.info().context_length, self.model.info().vocab_size);
         // (cache index, sequence index, tokens to feed) of every sequence drafted.
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(seqs.len());
         for (si, s) in seqs.iter().enumerate() {
             // It feeds at most every token and all but the last draft.
             let need = s.tokens.len() + s.max - 1;
-            if s.max == 0 || s.tokens.is_empty() || need > context {
-                continue;
-            }
             // The positions reserved for the sequence bound its draft cache: never more
             // than the pool accounts for (`need` fits them: it is at most the sequence's
-            // tokens and drafts but the last).
+            // tokens and drafts but the last), nor than the draft model's context.
             let most = s.reserved.min(context);
-            if need > most {
+            if s.max == 0 || s.tokens.is_empty() || need > most {
                 continue;
             }
             let ci = match self.caches.iter().position(|c| c.id == s.id) {
