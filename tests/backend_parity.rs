@@ -31,7 +31,8 @@ use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions, Isa};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{
-    AttentionSpec, Backend, HostMatrix, MatrixLayout, Rope, RopeScaling, RopeStyle, SeqSlice, rope_row,
+    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, MatrixLayout, Rope, RopeScaling, RopeStyle, SeqSlice,
+    rope_row,
 };
 use batch_forge::compare::error_stats;
 use batch_forge::engine::sampler::Rng;
@@ -456,6 +457,87 @@ fn parity_suite<B: Backend>(b: &B, wdtype: WeightDtype, kv_f16: bool, bf16_activ
             let what = format!("window {window} T={t} pos {}", seqs[0].start_pos);
             note("attention_window", compare(&what, &read(&got), &want));
         }
+    }
+
+    // Sliding-window layers stored as rings of `slots` positions: the same outputs as whole
+    // caches, bit for bit where the backend computes each row the same way (a slice under
+    // 16 rows, or one the ring takes whole: the cpu's matmul-shaped prefill then packs the
+    // same window of keys from either), and within the f32 bound of the reference
+    // everywhere. Slices longer than a
+    // ring takes at once go in pieces; three slots past the window (pieces of 4 rows),
+    // 19 (pieces of 20: the cpu's matmul-shaped path over a wrapped ring) and none
+    // (pieces of 1 row, w = 1) test that.
+    for (window, slots) in [(5, 8), (5, 24), (1, 1)] {
+        let spec = AttentionSpec {
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 16,
+            scale: 0.25,
+            rope: Some(Rope::new(1e4, RopeStyle::Halves)),
+            window: Some(window),
+        };
+        let plain = AttentionSpec { rope: None, ..spec.clone() };
+        let spec = if kv_f16 { &plain } else { &spec };
+        let (w, kw, cap) = (spec.qkv_width(), spec.kv_width(), 80);
+        let ring = KvLayout { capacity: cap, width: kw, slots: vec![slots], windows: vec![Some(window)] };
+        let (mut rb1, mut rb2) = (b.new_kv_cache_in(&ring).unwrap(), b.new_kv_cache_in(&ring).unwrap());
+        let (mut fb1, mut fb2) = (b.new_kv_cache(1, cap, kw).unwrap(), b.new_kv_cache(1, cap, kw).unwrap());
+        let (mut fr1, mut fr2) = (r.new_kv_cache(1, cap, kw).unwrap(), r.new_kv_cache(1, cap, kw).unwrap());
+        assert!(rb1.rings().is_ring(0) && !fb1.rings().is_ring(0));
+        let mut steps = vec![
+            vec![SeqSlice { rows: 0..13, start_pos: 0 }, SeqSlice { rows: 13..14, start_pos: 0 }],
+            vec![SeqSlice { rows: 0..20, start_pos: 13 }, SeqSlice { rows: 20..22, start_pos: 1 }],
+        ];
+        for i in 0..12 {
+            steps.push(vec![SeqSlice { rows: 0..1, start_pos: 33 + i }, SeqSlice { rows: 1..2, start_pos: 3 + i }]);
+        }
+        steps.push(vec![SeqSlice { rows: 0..0, start_pos: 45 }, SeqSlice { rows: 0..30, start_pos: 15 }]);
+        for seqs in &steps {
+            let t = seqs.last().unwrap().rows.end;
+            let mut qkv = host(t, w, normal(&mut rng, t * w, 1.0));
+            if kv_f16 {
+                for row in qkv.data.chunks_mut(w) {
+                    let kv = round_to(WeightDtype::F16, &row[spec.q_width()..]);
+                    row[spec.q_width()..].copy_from_slice(&kv);
+                }
+            }
+            let x = b.upload(&qkv);
+            let got = read(&b.attention(&x, seqs, &mut [&mut rb1, &mut rb2], 0, spec).unwrap());
+            let whole = read(&b.attention(&x, seqs, &mut [&mut fb1, &mut fb2], 0, spec).unwrap());
+            let want = r.attention(&qkv, seqs, &mut [&mut fr1, &mut fr2], 0, spec).unwrap();
+            let what = format!("window {window} in {slots} slots, slices {seqs:?}");
+            note("attention_ring", compare(&what, &got, &want));
+            if seqs.iter().all(|s| s.rows.len() < 16 || s.rows.len() <= slots + 1 - window) {
+                assert!(
+                    got.data.iter().zip(&whole.data).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: ring ≠ whole"
+                );
+            }
+        }
+        // The ring of the first sequence (45 positions) no longer holds position 30's window.
+        let qkv = b.upload(&host(1, w, normal(&mut rng, w, 1.0)));
+        let held = rb1.rings().held_from(0);
+        assert_eq!(held, 45 - slots, "window {window} in {slots} slots");
+        if window > 1 {
+            let back = SeqSlice { rows: 0..1, start_pos: held + window - 2 };
+            let e = b.attention(&qkv, &[back], &mut [&mut rb1], 0, spec).err().expect("overwritten keys read");
+            assert!(format!("{e:#}").contains("overwritten"), "{e:#}");
+        }
+        // A copy continues where the ring left off, into a ring or a whole cache alike.
+        let (mut copy_ring, mut copy_whole) = (b.new_kv_cache_in(&ring).unwrap(), b.new_kv_cache(1, cap, kw).unwrap());
+        b.copy_kv_prefix(&rb2, &mut copy_ring, 45, spec.head_dim).unwrap();
+        b.copy_kv_prefix(&rb2, &mut copy_whole, 45, spec.head_dim).unwrap();
+        let next = [SeqSlice { rows: 0..1, start_pos: 45 }];
+        let a = read(&b.attention(&qkv, &next, &mut [&mut rb2], 0, spec).unwrap());
+        for c in [&mut copy_ring, &mut copy_whole] {
+            let got = read(&b.attention(&qkv, &next, &mut [c], 0, spec).unwrap());
+            assert!(got.data.iter().zip(&a.data).all(|(x, y)| x.to_bits() == y.to_bits()), "copy of a ring");
+        }
+        // A whole cache's positions before the ring's are not in the ring: copying 45
+        // positions into a ring keeps the last `slots` of them.
+        let mut into_ring = b.new_kv_cache_in(&ring).unwrap();
+        b.copy_kv_prefix(&fb2, &mut into_ring, 45, spec.head_dim).unwrap();
+        assert_eq!(into_ring.rings().held_from(0), 45 - slots);
     }
     worst
 }

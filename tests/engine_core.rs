@@ -14,8 +14,8 @@ use batch_forge::engine::{
     Engine, Event, GenerateParams, Metrics, ModelText, Request, SCORE_CHUNK, SamplingParams, SchedulerConfig,
 };
 use batch_forge::loaders::{Gpt2Config, WeightStore, Weights};
-use batch_forge::model::Gpt2;
 use batch_forge::model::random::random_checkpoint;
+use batch_forge::model::{CausalLm, Gpt2, WindowCaches};
 use batch_forge::tokenizer::Tokenizer;
 use common::fixture;
 
@@ -202,5 +202,89 @@ fn scoring_in_chunks_equals_one_pass_and_generation() {
     assert_eq!(g.logprobs.len(), 20);
     for (k, t) in g.logprobs.iter().enumerate() {
         assert_eq!((scored[49 + k].id, scored[49 + k].logprob.to_bits()), (t.id, t.logprob.to_bits()), "token {k}");
+    }
+}
+
+/// Runs `requests` in turn on one scheduler (a finished one's cache stays in the prefix
+/// cache for the next): each one's (token, logprob bits), and the prefix-cache hits.
+fn run_in_turn(
+    model: &dyn CausalLm<CpuBackend>,
+    backend: &CpuBackend,
+    config: SchedulerConfig,
+    requests: Vec<Request>,
+) -> (Vec<Vec<(u32, u64)>>, u64) {
+    let metrics = Arc::new(Metrics::default());
+    let mut s = batch_forge::engine::Scheduler::new(backend, model, config, Vec::new(), metrics.clone());
+    let mut got = Vec::new();
+    for r in requests {
+        s.add(r);
+        let mut events = Vec::new();
+        let mut tokens = Vec::new();
+        while s.busy() {
+            s.step(&mut events);
+            for (id, e) in events.drain(..) {
+                match e {
+                    Event::Token { id: t, logprobs } => tokens.push((t, logprobs.unwrap().logprob.to_bits())),
+                    Event::Failed(e) => panic!("request {id}: {e}"),
+                    _ => {}
+                }
+            }
+        }
+        got.push(tokens);
+    }
+    (got, metrics.prefix_cache_hits.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Gemma 3's sliding-window layers kept as rings that wrap many times: prompts prefilled
+/// in chunks longer than a ring takes at once, then decoded, give every token and
+/// log-probability of whole caches bit for bit. A cached prefix is reused only while the
+/// finished sequence's rings still hold the window before it: a prompt that shares the
+/// start of a long finished sequence computes it again (and equals its run alone), one
+/// that shares nearly all of it is a hit (and equals its run alone too).
+#[test]
+fn sliding_window_rings_change_no_bit() {
+    let opts = CpuOptions { batch_invariant: true, ..Default::default() };
+    let e = Engine::load(CpuBackend::new(opts).unwrap(), &fixture("tiny-gemma3")).unwrap();
+    // Rings of the 3-key window plus 8 (the real models keep 512 more: the fixture's
+    // context of 128 positions would never wrap them).
+    let inner = Engine::load(CpuBackend::new(opts).unwrap(), &fixture("tiny-gemma3")).unwrap().model;
+    let rings = WindowCaches { inner, ring_rows: Some(8) };
+    let windows: Vec<_> = (0..e.model.info().n_layer).map(|l| e.model.layer_window(l)).collect();
+    assert_eq!(windows, [Some(3), Some(3), None, Some(3)]);
+    let config = |prefix_cache| SchedulerConfig {
+        parallel: 2,
+        ctx_size: 256,
+        batch_tokens: 16, // chunks of 16 rows; a ring of 11 slots takes 9 at a time
+        prefix_cache,
+        initial_slack: INITIAL_SLACK,
+        step_delay: std::time::Duration::ZERO,
+    };
+    let p: Vec<u32> = (0..48).map(|i| (7 + 31 * i) % 384).collect();
+    let a = request(0, &p, 40, 1);
+    let (whole, _) = run_in_turn(&*e.model, &e.backend, config(false), vec![a.clone()]);
+    let (ringed, _) = run_in_turn(&rings, &e.backend, config(false), vec![a.clone()]);
+    assert_eq!(whole[0].len(), 40);
+    assert_eq!(ringed, whole, "rings against whole caches");
+    // A's 88 tokens (87 positions written) leave its rings holding positions 76.. . B
+    // shares its first 32 (two blocks): the keys before position 32 are gone, so B is a
+    // miss. C shares 80 (five blocks): the window before 80 is held, so C is a hit.
+    let mut text = p.clone();
+    text.extend(whole[0].iter().map(|&(t, _)| t));
+    let b: Vec<u32> = p[..32].iter().copied().chain([5, 6, 7, 8, 9]).collect();
+    let c: Vec<u32> = text[..80].iter().copied().chain([10, 11, 12]).collect();
+    let (b, c) = (request(1, &b, 20, 2), request(2, &c, 20, 3));
+    let (cached, hits) = run_in_turn(&rings, &e.backend, config(true), vec![a.clone(), b.clone()]);
+    assert_eq!(hits, 0, "a prefix whose window the ring overwrote");
+    let (alone, _) = run_in_turn(&*e.model, &e.backend, config(false), vec![b.clone()]);
+    assert_eq!(cached[1], alone[0], "a miss computed again");
+    let (alone_c, _) = run_in_turn(&*e.model, &e.backend, config(false), vec![c.clone()]);
+    // At the edge: A generating 42 tokens writes 89 positions, so its rings hold 78..,
+    // exactly the window C's position 80 reads (78, 79, 80): a hit. One token more and
+    // position 78 is gone: a miss. Both equal C's run alone.
+    for (generated, want_hits) in [(40, 1), (42, 1), (43, 0)] {
+        let a = request(0, &p, generated, 1);
+        let (cached, hits) = run_in_turn(&rings, &e.backend, config(true), vec![a, c.clone()]);
+        assert_eq!(hits, want_hits, "C after A generated {generated}");
+        assert_eq!(cached[1], alone_c[0], "C after A generated {generated}");
     }
 }

@@ -215,6 +215,40 @@ fn generate_prints_hf_continuation() {
     assert_eq!(stdout.trim_end(), want.trim_end(), "HF: {want:?}");
 }
 
+/// A prompt of about 1,400 tokens wraps the rings of the sliding-window layers (the
+/// 512-key window plus 512 positions): `forge generate` continues it exactly as with whole
+/// caches (`--swa-full`), with batch-invariant kernels so that the two runs' arithmetic
+/// is the same, and prefilled in one forward that the rings take in pieces.
+#[test]
+fn sliding_window_rings_continue_long_prompts_as_whole_caches() {
+    let Some(path) = gemma3() else { return };
+    let text = std::fs::read_to_string(fixture("gemma3/perplexity.txt")).unwrap();
+    let prompt: String = text.chars().take(6000).collect();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_forge"))
+            .args(["generate", "-m", path.to_str().unwrap(), "-p", &prompt, "-n", "24"])
+            .args(["--temp", "0", "--ignore-eos", "--batch-invariant", "--show-ids"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (rings, log) = run(&[]);
+    let (whole, whole_log) = run(&["--swa-full"]);
+    let ids = |log: &str| log.lines().find(|l| l.starts_with("generated ids:")).unwrap_or_default().to_owned();
+    assert_eq!(ids(&log), ids(&whole_log));
+    assert!(ids(&log).len() > 40, "{log}");
+    assert_eq!(rings, whole);
+    let n_prompt: usize = log
+        .lines()
+        .find_map(|l| {
+            l.trim_start().strip_prefix("prompt =")?.split_once('/')?.1.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no prompt token count in {log}"));
+    assert!(n_prompt > 1024 + 24, "a prompt of {n_prompt} tokens does not wrap a ring of 1024");
+}
+
 /// The HF folder path (`gemma3_text`, norms stored as `w` for `1 + w`), stage by stage
 /// within the f32 bound of `forge verify` on the reference backend, the cpu backend at every
 /// ISA level and the gpu backend where there is one; HF's greedy ids, which run 16 steps

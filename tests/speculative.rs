@@ -22,7 +22,7 @@ use batch_forge::engine::{
     DraftMethod, Engine, Event, GenerateParams, Metrics, Request, SamplingParams, Scheduler, SchedulerConfig,
     Speculation,
 };
-use batch_forge::model::load_model;
+use batch_forge::model::{WindowCaches, load_model};
 use common::fixture;
 
 /// Each token of a request: its id, its log-probability's bits and its alternatives'.
@@ -203,6 +203,25 @@ fn drafts_change_no_bit_of_a_random_gpt2() {
     let requests: Vec<Request> = prompts(vocab).iter().enumerate().map(|(i, p)| request(i as u64, p, 30)).collect();
     check_all_drafters(&engine, None, &requests[..2], 2);
     check_all_drafters(&engine, None, &requests, 16);
+}
+
+/// Gemma 3's sliding-window layers in rings only a little past their window (3 keys + 2):
+/// drafts are cut to what such a ring can give back (3 rows), so rejected drafts never
+/// leave a sequence without its window's keys; plain decoding equals whole caches', and
+/// every drafter (the model with rings drafting for itself too) equals plain decoding.
+#[test]
+fn drafts_change_no_bit_of_a_model_with_small_rings() {
+    let whole = load_cpu("tiny-gemma3", true);
+    let rings =
+        |e: Engine<CpuBackend>| Engine { model: Box::new(WindowCaches { inner: e.model, ring_rows: Some(2) }), ..e };
+    let engine = rings(load_cpu("tiny-gemma3", true));
+    let draft = WindowCaches { inner: load_cpu("tiny-gemma3", true).model, ring_rows: Some(2) };
+    let vocab = whole.model.info().vocab_size as u32;
+    let requests: Vec<Request> = prompts(vocab).iter().enumerate().map(|(i, p)| request(i as u64, p, 40)).collect();
+    let (plain, _) = run(&whole, 4, &requests, None);
+    assert_eq!(run(&engine, 4, &requests, None).0, plain, "rings against whole caches");
+    check_all_drafters(&engine, Some(&draft), &requests[..4], 4);
+    check_all_drafters(&engine, Some(&draft), &requests, 16);
 }
 
 /// The model as its own draft: greedy drafts are all accepted.
@@ -603,6 +622,9 @@ impl<B: Backend> batch_forge::model::CausalLm<B> for Counted<'_, B> {
     }
     fn kv_head_dim(&self) -> usize {
         self.inner.kv_head_dim()
+    }
+    fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.inner.layer_window(layer)
     }
     fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
         self.max_capacity.fetch_max(capacity, Ordering::Relaxed);

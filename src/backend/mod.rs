@@ -240,6 +240,228 @@ pub fn rope_row(spec: &AttentionSpec, rope: &Rope, row: &mut [f32], pos: usize) 
 /// it before any kernel runs.
 pub trait KvCache: Send {
     fn shape(&self) -> KvShape;
+    /// Which positions each layer stores and still holds.
+    fn rings(&self) -> &KvRings;
+}
+
+/// How many positions each layer of a new KV cache stores. A layer of sliding-window
+/// attention needs only the last `window` keys of a sequence, so it may store fewer than
+/// `capacity` positions as a ring: position `pos` in slot `pos % slots`, a later
+/// position overwriting an earlier one (llama.cpp's SWA cache, vLLM's sliding-window
+/// blocks). Every other layer stores all `capacity` positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    /// Positions a sequence may reach.
+    pub capacity: usize,
+    /// Values per position and layer, for keys and for values each.
+    pub width: usize,
+    /// Per layer: positions stored (`capacity` for a whole layer, fewer for a ring).
+    pub slots: Vec<usize>,
+    /// Per layer: its attention's sliding window (`None`: every earlier key).
+    pub windows: Vec<Option<usize>>,
+}
+
+impl KvLayout {
+    /// Every one of `n_layer` layers stores all `capacity` positions.
+    pub fn full(n_layer: usize, capacity: usize, width: usize) -> Self {
+        KvLayout { capacity, width, slots: vec![capacity; n_layer], windows: vec![None; n_layer] }
+    }
+
+    /// One window per layer; slot counts between 1 and the capacity (0 only for an empty
+    /// cache), and a ring only for a layer whose window it holds.
+    pub fn check(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.windows.len() == self.slots.len(),
+            "KV layout: {} windows for {} layers",
+            self.windows.len(),
+            self.slots.len()
+        );
+        for (layer, (&s, &w)) in self.slots.iter().zip(&self.windows).enumerate() {
+            ensure!(
+                s <= self.capacity && (s > 0 || self.capacity == 0),
+                "KV layout: layer {layer} stores {s} of {} positions",
+                self.capacity
+            );
+            ensure!(w != Some(0), "KV layout: layer {layer} has a window of 0 keys");
+            ensure!(
+                s == self.capacity || w.is_some_and(|w| w <= s),
+                "KV layout: layer {layer} keeps the last {s} of {} positions but attends to {}",
+                self.capacity,
+                w.map_or("every position".to_owned(), |w| format!("a window of {w}"))
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A KV cache's per-layer bookkeeping of rings ([`KvLayout`]): how many positions each
+/// layer stores and the first position it still holds, so that a sliding-window layer
+/// whose keys were overwritten is an error, never a silent read of other positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvRings {
+    capacity: usize,
+    slots: Vec<usize>,
+    windows: Vec<Option<usize>>,
+    /// Per layer: positions before this one may have been overwritten.
+    held_from: Vec<usize>,
+}
+
+/// `len` positions copied from slot `from` of one cache layer to slot `to` of another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvRun {
+    pub from: usize,
+    pub to: usize,
+    pub len: usize,
+}
+
+impl KvRings {
+    pub fn new(layout: &KvLayout) -> Self {
+        KvRings {
+            capacity: layout.capacity,
+            slots: layout.slots.clone(),
+            windows: layout.windows.clone(),
+            held_from: vec![0; layout.slots.len()],
+        }
+    }
+
+    /// Whether every key a sequence continuing at position `n` reads is still held: a
+    /// ring may have overwritten them (its sequence went on past `n`). A cache that does
+    /// not must start again from position 0.
+    pub fn continues_at(&self, n: usize) -> bool {
+        self.windows.iter().zip(&self.held_from).all(|(w, &held)| {
+            let first = (n + 1).saturating_sub(w.unwrap_or(usize::MAX));
+            first == n || first >= held
+        })
+    }
+
+    /// Rows a forward may write past a sequence's end and then give back (rejected
+    /// speculative drafts) with the window before that end still held: the fewest a
+    /// ring layer takes at once ([`attention_pieces`]); `usize::MAX` without rings.
+    pub fn max_rewind(&self) -> usize {
+        (0..self.slots.len())
+            .filter_map(|l| Some((self.slots[l] + 1).saturating_sub(self.windows[l]?)).filter(|_| self.is_ring(l)))
+            .min()
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+
+    /// Positions layer `layer` stores.
+    pub fn slots(&self, layer: usize) -> usize {
+        self.slots[layer]
+    }
+
+    /// The slot of position `pos` in layer `layer`.
+    pub fn slot(&self, layer: usize, pos: usize) -> usize {
+        pos % self.slots[layer].max(1)
+    }
+
+    /// Whether layer `layer` stores fewer positions than the cache's capacity.
+    pub fn is_ring(&self, layer: usize) -> bool {
+        self.slots[layer] < self.capacity
+    }
+
+    /// The first position layer `layer` still holds (0 for a whole layer): the positions
+    /// from here to the last one written are in their slots.
+    pub fn held_from(&self, layer: usize) -> usize {
+        self.held_from[layer]
+    }
+
+    /// Positions `a..b` of layer `layer` were just written.
+    pub fn wrote(&mut self, layer: usize, a: usize, b: usize) {
+        if a >= b {
+            return; // nothing written
+        }
+        let overwritten = b.saturating_sub(self.slots[layer]);
+        let held = &mut self.held_from[layer];
+        // Writing at or after what is held keeps it (less what the ring overwrote); a
+        // write that starts earlier (a sequence restarted) holds from its own start.
+        *held = if a >= *held { (*held).max(overwritten) } else { a.max(overwritten) };
+    }
+
+    /// Every layer holds every position again (the cache starts a new sequence).
+    pub fn clear(&mut self) {
+        self.held_from.fill(0);
+    }
+
+    /// The copies that give `dst`'s layer `layer` positions `0..n` of `src`'s, as far as
+    /// `src` holds them and `dst` stores them (a ring keeps the last of them); `dst`
+    /// then holds from the first position copied.
+    pub fn copy_runs(&self, dst: &mut KvRings, layer: usize, n: usize) -> Vec<KvRun> {
+        let (ss, ds) = (self.slots[layer].max(1), dst.slots[layer].max(1));
+        let first = self.held_from[layer].max(n.saturating_sub(ds)).min(n);
+        dst.held_from[layer] = first;
+        let mut runs = Vec::new();
+        let mut p = first;
+        while p < n {
+            let len = (n - p).min(ss - p % ss).min(ds - p % ds);
+            runs.push(KvRun { from: p % ss, to: p % ds, len });
+            p += len;
+        }
+        runs
+    }
+}
+
+/// Rows per piece of sequence `s` ([`attention_pieces`]): what its ring layer takes at
+/// once, at most `window_rows` under any sliding window; `usize::MAX` without a window.
+fn rows_per_piece<K: KvCache>(
+    caches: &[&mut K],
+    s: usize,
+    layer: usize,
+    spec: &AttentionSpec,
+    window_rows: usize,
+) -> usize {
+    let rings = caches[s].rings();
+    match spec.window {
+        Some(w) if rings.is_ring(layer) => (rings.slots(layer) + 1).saturating_sub(w).clamp(1, window_rows.max(1)),
+        Some(_) => window_rows.max(1),
+        None => usize::MAX,
+    }
+}
+
+/// Whether an attention call must be split ([`attention_pieces`]): a slice longer than
+/// its ring layer takes at once, or than `window_rows` under a sliding window (a backend
+/// whose prefill costs rows × keys splits there so that each piece reads only its
+/// window's keys; `usize::MAX` otherwise). It allocates nothing.
+pub fn needs_pieces<K: KvCache>(
+    seqs: &[SeqSlice],
+    caches: &[&mut K],
+    layer: usize,
+    spec: &AttentionSpec,
+    window_rows: usize,
+) -> bool {
+    (0..seqs.len().min(caches.len())).any(|s| seqs[s].rows.len() > rows_per_piece(caches, s, layer, spec, window_rows))
+}
+
+/// The rows of one attention call split into pieces that a ring layer can take at once:
+/// a piece's keys are written before its rows attend, so a ring of `slots` positions
+/// with a window of `w` takes `slots − w + 1` rows of a sequence at a time without
+/// overwriting a key one of them reads; and a backend may ask for pieces of at most
+/// `window_rows` under any sliding window ([`needs_pieces`]). Each piece lists
+/// `(sequence index, its rows)`; almost always there is one piece, the whole call.
+pub fn attention_pieces<K: KvCache>(
+    seqs: &[SeqSlice],
+    caches: &[&mut K],
+    layer: usize,
+    spec: &AttentionSpec,
+    window_rows: usize,
+) -> Vec<Vec<(usize, SeqSlice)>> {
+    let per_piece = |s: usize| rows_per_piece(caches, s, layer, spec, window_rows);
+    let n_pieces = (0..seqs.len()).map(|s| seqs[s].rows.len().div_ceil(per_piece(s)).max(1)).max().unwrap_or(1);
+    (0..n_pieces)
+        .map(|k| {
+            (0..seqs.len())
+                .filter_map(|s| {
+                    let (c, seq) = (per_piece(s), &seqs[s]);
+                    let skip = k.saturating_mul(c).min(seq.rows.len());
+                    let take = c.min(seq.rows.len() - skip);
+                    (take > 0 || n_pieces == 1).then(|| {
+                        let start = seq.rows.start + skip;
+                        (s, SeqSlice { rows: start..start + take, start_pos: seq.start_pos + skip })
+                    })
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The checks every backend's [`Backend::attention`] makes before touching a cache, so
@@ -281,6 +503,23 @@ pub fn check_attention<K: KvCache>(
             s.start_pos,
             end.map_or("overflow".to_owned(), |e| e.to_string()),
             shape.capacity
+        );
+        let rings = cache.rings();
+        if rings.is_ring(layer) {
+            ensure!(
+                spec.window.is_some_and(|w| w <= rings.slots(layer)),
+                "attention: layer {layer} of the KV cache keeps the last {} positions, but it attends to {}",
+                rings.slots(layer),
+                spec.window.map_or("every position".to_owned(), |w| format!("a window of {w}"))
+            );
+        }
+        let first = spec.first_key(s.start_pos);
+        ensure!(
+            first == s.start_pos || first >= rings.held_from(layer),
+            "attention: position {} needs the keys of layer {layer} from position {first}, but the KV cache \
+             holds them from {} on (overwritten by later positions)",
+            s.start_pos,
+            rings.held_from(layer)
         );
     }
     ensure!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");
@@ -429,13 +668,19 @@ pub trait Backend: Sync + 'static {
     }
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache>;
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache> {
+        self.new_kv_cache_in(&KvLayout::full(n_layer, capacity, width))
+    }
+    /// KV storage laid out as `layout` says: rings for the layers that store fewer
+    /// positions than the capacity ([`KvLayout`]).
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<Self::KvCache>;
 
     /// Copy the keys and values of positions `0..n` of every layer from `src` into `dst`,
     /// whose heads are `head_dim` wide (a prefix-cache hit: the server reuses a cached
-    /// prompt prefix instead of computing it again). Caches of different widths or layer
-    /// counts, or `n` past either capacity, are an error. A backend without it says so;
-    /// the server then treats every lookup as a miss.
+    /// prompt prefix instead of computing it again). A ring layer copies the positions
+    /// [`KvRings::copy_runs`] gives: those `src` still holds that `dst` stores.
+    /// Caches of different widths or layer counts, or `n` past either capacity, are an
+    /// error. A backend without it says so; the server then treats every lookup as a miss.
     fn copy_kv_prefix(
         &self,
         _src: &Self::KvCache,

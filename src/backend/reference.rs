@@ -8,7 +8,10 @@
 use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
-use super::{AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, check_attention, rope_row};
+use super::{
+    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, SeqSlice, attention_pieces,
+    check_attention, rope_row,
+};
 use crate::tensor::TensorView;
 
 /// Output columns per parallel task in `linear`.
@@ -28,13 +31,18 @@ pub struct RefMatrix {
 pub struct RefKvCache {
     capacity: usize,
     width: usize,
-    /// Per layer: (keys, values), each `[capacity, width]`.
+    /// Per layer: (keys, values), each `[slots, width]`: position `pos` in slot
+    /// `pos % slots` ([`KvRings`]).
     layers: Vec<(Vec<f32>, Vec<f32>)>,
+    rings: KvRings,
 }
 
 impl KvCache for RefKvCache {
     fn shape(&self) -> KvShape {
         KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
+    }
+    fn rings(&self) -> &KvRings {
+        &self.rings
     }
 }
 
@@ -101,20 +109,29 @@ impl Backend for ReferenceBackend {
 
     fn copy_kv_prefix(&self, src: &RefKvCache, dst: &mut RefKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
-        let len = n * src.width;
-        for ((sk, sv), (dk, dv)) in src.layers.iter().zip(dst.layers.iter_mut()) {
-            dk[..len].copy_from_slice(&sk[..len]);
-            dv[..len].copy_from_slice(&sv[..len]);
+        let w = src.width;
+        for (layer, ((sk, sv), (dk, dv))) in src.layers.iter().zip(dst.layers.iter_mut()).enumerate() {
+            for run in src.rings.copy_runs(&mut dst.rings, layer, n) {
+                let (from, to) = (run.from * w..(run.from + run.len) * w, run.to * w..(run.to + run.len) * w);
+                dk[to.clone()].copy_from_slice(&sk[from.clone()]);
+                dv[to].copy_from_slice(&sv[from]);
+            }
         }
         Ok(())
     }
 
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
-        let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
-        let layers = (0..n_layer)
-            .map(|_| Ok((super::kv_zeros(n, 0.0, n_layer)?, super::kv_zeros(n, 0.0, n_layer)?)))
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<RefKvCache> {
+        layout.check()?;
+        let n_layer = layout.slots.len();
+        let layers = layout
+            .slots
+            .iter()
+            .map(|&slots| {
+                let n = slots.checked_mul(layout.width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+                Ok((super::kv_zeros(n, 0.0, n_layer)?, super::kv_zeros(n, 0.0, n_layer)?))
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(RefKvCache { capacity, width, layers })
+        Ok(RefKvCache { capacity: layout.capacity, width: layout.width, layers, rings: KvRings::new(layout) })
     }
 
     fn upload(&self, m: &HostMatrix) -> HostMatrix {
@@ -256,48 +273,60 @@ impl Backend for ReferenceBackend {
     ) -> anyhow::Result<HostMatrix> {
         check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
         let (hd, qw, kw) = (spec.head_dim, spec.q_width(), spec.kv_width());
-        // 1. Rotate queries and keys, then append each sequence's new keys and values.
+        // 1. Rotate queries and keys.
         let mut qkv = qkv.clone();
-        let mut row_info = vec![(0usize, 0usize); qkv.rows]; // (sequence, position) per row
-        for (s, (seq, cache)) in seqs.iter().zip(caches.iter_mut()).enumerate() {
-            let (k_cache, v_cache) = &mut cache.layers[layer];
-            for (i, r) in seq.rows.clone().enumerate() {
-                let pos = seq.start_pos + i;
-                let row = &mut qkv.data[r * qkv.cols..(r + 1) * qkv.cols];
-                if let Some(rope) = &spec.rope {
-                    rope_row(spec, rope, row, pos);
+        if let Some(rope) = &spec.rope {
+            for seq in seqs {
+                for (i, r) in seq.rows.clone().enumerate() {
+                    rope_row(spec, rope, &mut qkv.data[r * qkv.cols..(r + 1) * qkv.cols], seq.start_pos + i);
                 }
-                k_cache[pos * kw..(pos + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
-                v_cache[pos * kw..(pos + 1) * kw].copy_from_slice(&row[qw + kw..]);
-                row_info[r] = (s, pos);
             }
         }
-        // 2. Each row attends over positions 0..=pos of its sequence, head by head; query
-        //    head h reads key/value head h / group.
-        let caches: Vec<&RefKvCache> = caches.iter().map(|c| &**c).collect();
         let mut out = HostMatrix::zeros(qkv.rows, qw);
-        out.data.par_chunks_mut(qw).enumerate().for_each(|(r, out_row)| {
-            let (s, pos) = row_info[r];
-            let (k_cache, v_cache) = &caches[s].layers[layer];
-            let first = spec.first_key(pos);
-            let mut scores = vec![0.0f32; pos + 1 - first];
-            for h in 0..spec.n_head {
-                let kv = (h / spec.group()) * hd;
-                let q = &qkv.row(r)[h * hd..(h + 1) * hd];
-                for (i, score) in scores.iter_mut().enumerate() {
-                    let j = first + i;
-                    *score = dot(q, &k_cache[j * kw + kv..j * kw + kv + hd]) * spec.scale;
+        // A ring layer takes a long slice in pieces ([`attention_pieces`]).
+        for piece in attention_pieces(seqs, caches, layer, spec, usize::MAX) {
+            // 2. Append each sequence's new keys and values.
+            let mut row_info = vec![None; qkv.rows]; // (sequence, position) per row of the piece
+            for (s, seq) in &piece {
+                let cache = &mut *caches[*s];
+                let (k_cache, v_cache) = &mut cache.layers[layer];
+                for (i, r) in seq.rows.clone().enumerate() {
+                    let pos = seq.start_pos + i;
+                    let slot = cache.rings.slot(layer, pos);
+                    let row = qkv.row(r);
+                    k_cache[slot * kw..(slot + 1) * kw].copy_from_slice(&row[qw..qw + kw]);
+                    v_cache[slot * kw..(slot + 1) * kw].copy_from_slice(&row[qw + kw..]);
+                    row_info[r] = Some((*s, pos));
                 }
-                softmax_in_place(&mut scores);
-                let o = &mut out_row[h * hd..(h + 1) * hd];
-                for (i, &p) in scores.iter().enumerate() {
-                    let j = first + i;
-                    for (ov, &vv) in o.iter_mut().zip(&v_cache[j * kw + kv..j * kw + kv + hd]) {
-                        *ov += p * vv;
+                cache.rings.wrote(layer, seq.start_pos, seq.start_pos + seq.rows.len());
+            }
+            // 3. Each row attends over positions 0..=pos of its sequence, head by head;
+            //    query head h reads key/value head h / group.
+            let caches: Vec<&RefKvCache> = caches.iter().map(|c| &**c).collect();
+            out.data.par_chunks_mut(qw).enumerate().for_each(|(r, out_row)| {
+                let Some((s, pos)) = row_info[r] else { return };
+                let cache = caches[s];
+                let (k_cache, v_cache) = &cache.layers[layer];
+                let first = spec.first_key(pos);
+                let mut scores = vec![0.0f32; pos + 1 - first];
+                for h in 0..spec.n_head {
+                    let kv = (h / spec.group()) * hd;
+                    let q = &qkv.row(r)[h * hd..(h + 1) * hd];
+                    for (i, score) in scores.iter_mut().enumerate() {
+                        let j = cache.rings.slot(layer, first + i);
+                        *score = dot(q, &k_cache[j * kw + kv..j * kw + kv + hd]) * spec.scale;
+                    }
+                    softmax_in_place(&mut scores);
+                    let o = &mut out_row[h * hd..(h + 1) * hd];
+                    for (i, &p) in scores.iter().enumerate() {
+                        let j = cache.rings.slot(layer, first + i);
+                        for (ov, &vv) in o.iter_mut().zip(&v_cache[j * kw + kv..j * kw + kv + hd]) {
+                            *ov += p * vv;
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
         Ok(out)
     }
 

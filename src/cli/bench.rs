@@ -455,7 +455,7 @@ fn bench_on<B: Backend>(backend: B, args: &BenchArgs, info: Info, source: &Sourc
             bench_model(&backend, &model, None, args, info)
         }
         Source::Path(path) => {
-            let mut engine = Engine::load(backend, path)?;
+            let mut engine = args.backend.load_engine(backend, path)?;
             args.spec.apply(&mut engine, "bench")?;
             bench_model(&engine.backend, &*engine.model, Some(&engine), args, info)
         }

@@ -11,7 +11,7 @@ use clap::Args;
 
 use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
-use batch_forge::engine::{Engine, GenerateParams, StopReason};
+use batch_forge::engine::{GenerateParams, StopReason};
 use batch_forge::tokenizer::StreamDecoder;
 
 use super::generate::SamplingArgs;
@@ -66,7 +66,7 @@ pub fn run(mut args: ChatArgs) -> anyhow::Result<()> {
 
 fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     let path = super::model_dir(&args.model, true, "chat")?;
-    let mut engine = Engine::load(backend, &path)?;
+    let mut engine = args.backend.load_engine(backend, &path)?;
     args.spec.apply(&mut engine, "chat")?;
     if let Some(file) = &args.chat_template {
         engine.use_chat_template_file(file)?;

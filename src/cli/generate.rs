@@ -439,14 +439,14 @@ fn lockstep(args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow:
     let dir = super::model_dir(&args.model, true, "generate")?;
     let mut cpu_options = args.backend.cpu_options()?;
     cpu_options.weight_dtype.get_or_insert(batch_forge::backend::WeightDtype::F32);
-    let mut cpu = Engine::load(CpuBackend::new(cpu_options)?, &dir)?;
+    let mut cpu = args.backend.load_engine(CpuBackend::new(cpu_options)?, &dir)?;
     if let Some(file) = &args.chat_template {
         cpu.use_chat_template_file(file)?; // the prompt's ids come from the cpu engine
     }
     let gpu_backend = GpuBackend::new(args.backend.gpu_options()?)?;
     super::warn_if_software(&gpu_backend);
     let device = gpu_backend.description();
-    let gpu = Engine::load(gpu_backend, &dir)?;
+    let gpu = args.backend.load_engine(gpu_backend, &dir)?;
     let tok = &cpu.text.tokenizer;
     let max_context = args.max_context(cpu.model.info().context_length)?;
     let prompt_ids = prompt_ids(&cpu, args, prompt, source)?;
@@ -552,7 +552,7 @@ impl PhaseTimings {
 fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &PromptSource) -> anyhow::Result<()> {
     let dir = super::model_dir(&args.model, true, "generate")?; // a download is not load time
     let load_start = Instant::now();
-    let mut engine = Engine::load(backend, &dir)?;
+    let mut engine = args.backend.load_engine(backend, &dir)?;
     if let Some(file) = &args.chat_template {
         engine.use_chat_template_file(file)?;
     }

@@ -17,8 +17,9 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use batch_forge::backend::WeightDtype;
 use batch_forge::backend::cpu::CpuOptions;
+use batch_forge::backend::{Backend, WeightDtype};
+use batch_forge::engine::Engine;
 use batch_forge::loaders::{self, hub::HubClient};
 use batch_forge::tensor::KvDtype;
 
@@ -106,12 +107,23 @@ pub struct BackendArgs {
     /// KV-cache storage (cpu and gpu; f16 on the gpu needs shader-f16).
     #[arg(long, value_name = "f32|f16", default_value_t = KvDtype::F32)]
     pub kv_dtype: KvDtype,
+    /// Sliding-window layers (Gemma 3) keep every position instead of a ring of their
+    /// window plus 512 (llama.cpp's --swa-full): more memory, prefix-cache hits anywhere
+    /// in a finished sequence.
+    #[arg(long)]
+    pub swa_full: bool,
     /// Batch-invariant cpu kernels (set by `serve`, not a flag).
     #[arg(skip)]
     pub batch_invariant: bool,
 }
 
 impl BackendArgs {
+    /// The model at `path` on `backend`, its KV caches laid out as these flags say.
+    pub fn load_engine<B: Backend>(&self, backend: B, path: &std::path::Path) -> anyhow::Result<Engine<B>> {
+        let engine = Engine::load(backend, path)?;
+        Ok(if self.swa_full { engine.keep_whole_windows() } else { engine })
+    }
+
     /// Every check of these flags that needs no device and no file, so a bad flag is
     /// reported first, on any machine (with or without a GPU driver).
     pub fn validate(&self, command: &str) -> anyhow::Result<()> {

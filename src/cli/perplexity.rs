@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::Args;
 
 use batch_forge::backend::Backend;
-use batch_forge::engine::Engine;
 
 use super::{BackendArgs, BackendChoice, with_backend};
 
@@ -53,7 +52,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
 
 fn perplexity_on<B: Backend>(backend: B, args: &PerplexityArgs, text: &str) -> anyhow::Result<()> {
     let path = super::model_dir(&args.model, true, "perplexity")?;
-    let engine = Engine::load(backend, &path)?;
+    let engine = args.backend.load_engine(backend, &path)?;
     let tokens = engine.perplexity_tokens(text);
     let n_ctx = args.ctx_size;
     let total = batch_forge::engine::perplexity::windows(tokens.len(), n_ctx);

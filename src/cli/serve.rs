@@ -5,7 +5,6 @@ use std::time::Duration;
 use clap::Args;
 
 use batch_forge::backend::Backend as _;
-use batch_forge::engine::Engine;
 use batch_forge::serve::{self, AppState, SchedulerConfig, ServeConfig};
 
 use super::{BackendArgs, with_backend};
@@ -135,6 +134,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let engine_state = state.clone();
     let mut backend = args.backend.clone();
     backend.batch_invariant = !args.no_batch_invariance;
+    let swa = backend.clone();
     let threads = args.threads;
     let chat_template = args.chat_template.clone();
     let spec = args.spec.clone();
@@ -143,7 +143,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             with_backend!(backend, |b| {
                 tracing::info!("loading {} (/health answers 503 until it is ready)", dir.display());
                 let start = std::time::Instant::now();
-                let mut engine = Engine::load(b, &dir)?;
+                let mut engine = swa.load_engine(b, &dir)?;
                 if let Some(file) = &chat_template {
                     engine.use_chat_template_file(file)?;
                 }

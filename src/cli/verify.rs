@@ -80,6 +80,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             backend,
             dtype: if plain { DtypeChoice::Auto } else { args.dtype },
             kv_dtype: if plain { KvDtype::F32 } else { args.kv_dtype },
+            swa_full: false,
             batch_invariant: false,
         };
         // With `all`, a backend that cannot run these flags (gpu and bf16, a build

@@ -181,6 +181,13 @@ impl<B: Backend> Engine<B> {
         Ok(Engine { backend, model: l.model, text: l.text, speculation: None })
     }
 
+    /// Keep every position of sliding-window layers instead of rings of the window plus
+    /// [`crate::model::RING_ROWS`] (`--swa-full`; see [`crate::model::WindowCaches`]).
+    pub fn keep_whole_windows(self) -> Self {
+        let model = Box::new(crate::model::WindowCaches { inner: self.model, ring_rows: None });
+        Engine { model, ..self }
+    }
+
     /// Decode speculatively from now on (`--draft-ngram`, `--model-draft`). A draft
     /// model comes with its tokenizer, which must be this model's id for id over the ids
     /// both have ([`speculate::check_draft_vocabulary`]; padding may differ). The

@@ -28,7 +28,10 @@
 //! reuses every position it shares with it. A draft model's cache for a sequence
 //! (speculative decoding) holds at most the positions that sequence reserved, so with
 //! `--model-draft` each reserved position stands for the draft model's keys and values
-//! as well as the model's.
+//! as well as the model's. A sliding-window layer's cache is a ring
+//! ([`crate::backend::KvRings`]): a cached or pinned cache is reused only where its rings
+//! still hold the window before the shared prefix, and drafts are cut to what a ring can
+//! give back.
 //!
 //! The loop knows nothing of the model's architecture ([`CausalLm`]), of HTTP or of
 //! terminals: requests come in through [`Scheduler::add`], and each step appends what
@@ -46,7 +49,7 @@ use super::prefix_cache::PrefixCache;
 pub use super::prefix_cache::{BLOCK_TOKENS, block_hashes, blocks_for};
 use super::speculate::{DraftSeq, Drafter};
 use super::{Sampler, SamplingParams, TokenLogprobs};
-use crate::backend::{Backend, HostMatrix, NON_FINITE_ROW, SeqSlice};
+use crate::backend::{Backend, HostMatrix, KvCache, NON_FINITE_ROW, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
 
 /// One request to generate (or to score a prompt).
@@ -545,7 +548,9 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             // asked for nothing this step); only the eligible ones are asked for tokens.
             let eligible = s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants();
             let s = &*s;
-            let max = if eligible { s.pace.len.max(*draft_min).min(*draft_max).min(left - 1) } else { 0 };
+            // A sliding-window ring can give back only so many rejected rows.
+            let most = (*draft_max).min(s.cache.rings().max_rewind());
+            let max = if eligible { s.pace.len.max(*draft_min).min(most).min(left - 1) } else { 0 };
             let reserved = positions_for(s.request.prompt.len(), s.request.max_tokens);
             asked.push(DraftSeq { id: s.request.id, tokens: &s.tokens, max, reserved });
         }
@@ -903,6 +908,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     // The session's own cache, in place: every position it shares.
                     self.used_blocks -= p.blocks;
                     cached = p.tokens.iter().zip(&req.prompt).take_while(|(a, b)| a == b).count().min(last);
+                    if !p.cache.rings().continues_at(cached) {
+                        // A sliding-window ring went on past the shared tokens: the
+                        // window before them is gone, so the prompt is computed again.
+                        cached = 0;
+                    }
                     Ok((p.cache, p.capacity))
                 }
                 None => {
@@ -913,7 +923,12 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                             if let Some((entry, n)) = self.prefix.lookup(&req.prompt, &hashes) {
                                 let n = n.min(last);
                                 let src = &self.prefix.entries[entry].cache;
-                                if n > 0 && self.model.copy_cache_prefix(self.backend, src, &mut c, n).is_ok() {
+                                // A sliding-window ring holds the keys before `n` only
+                                // when its sequence did not go far past `n`.
+                                if n > 0
+                                    && src.rings().continues_at(n)
+                                    && self.model.copy_cache_prefix(self.backend, src, &mut c, n).is_ok()
+                                {
                                     cached = n;
                                     self.metrics.prefix_cache_hits.fetch_add(1, Ordering::Relaxed);
                                     self.metrics.prefix_cache_hit_tokens.fetch_add(n as u64, Ordering::Relaxed);

@@ -23,7 +23,7 @@ use anyhow::{Context, ensure};
 
 use super::sampler::argmax;
 use super::scheduler::INITIAL_SLACK;
-use crate::backend::{Backend, HostMatrix, SeqSlice};
+use crate::backend::{Backend, HostMatrix, KvCache, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
 
 /// One sequence that may be drafted for this step.
@@ -304,7 +304,10 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
             };
             let c = &mut self.caches[ci];
             // Keep what it shares with the sequence; always feed the last token.
-            let keep = c.tokens.iter().zip(s.tokens).take_while(|(a, b)| a == b).count().min(s.tokens.len() - 1);
+            let mut keep = c.tokens.iter().zip(s.tokens).take_while(|(a, b)| a == b).count().min(s.tokens.len() - 1);
+            if !c.cache.rings().continues_at(keep) {
+                keep = 0; // a sliding-window ring went on past the shared tokens: start again
+            }
             c.tokens.truncate(keep);
             if s.tokens[keep..].iter().any(|&t| t as usize >= vocab) {
                 continue; // a token this model does not have (the model's vocabulary is larger)

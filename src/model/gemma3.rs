@@ -488,6 +488,10 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         self.config.head_dim
     }
 
+    fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.config.local.get(layer).is_some_and(|&l| l).then_some(self.config.sliding_window)
+    }
+
     fn forward_traced(
         &self,
         backend: &B,

@@ -15,7 +15,13 @@ pub mod random;
 
 use anyhow::{bail, ensure};
 
-use crate::backend::{Backend, KvCache, SeqSlice};
+use crate::backend::{Backend, KvCache, KvLayout, SeqSlice};
+
+/// Positions a sliding-window layer's ring keeps beyond its window: rows a slice may
+/// add at once before it is split ([`crate::backend::attention_pieces`]), and how far
+/// back a cached sequence can be continued (llama.cpp sizes its SWA cache the same way,
+/// window plus a micro-batch).
+pub const RING_ROWS: usize = 512;
 pub use gemma3::Gemma3;
 pub use gpt2::Gpt2;
 pub use llama::Llama;
@@ -93,11 +99,15 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         backend.copy_kv_prefix(src, dst, n, self.kv_head_dim())
     }
 
-    /// A KV cache for one sequence of up to `capacity` tokens (at most the context).
+    /// The sliding window of layer `layer`'s attention (`None`: global attention).
+    fn layer_window(&self, _layer: usize) -> Option<usize> {
+        None
+    }
+
+    /// A KV cache for one sequence of up to `capacity` tokens (at most the context). A
+    /// sliding-window layer keeps a ring of its window plus [`RING_ROWS`] positions.
     fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
-        let info = self.info();
-        ensure!(capacity <= info.context_length, "KV cache of {capacity} exceeds the context {}", info.context_length);
-        backend.new_kv_cache(info.n_layer, capacity, self.kv_width())
+        backend.new_kv_cache_in(&cache_layout(self, capacity, Some(RING_ROWS))?)
     }
 
     /// [`CausalLm::forward`], handing each intermediate [`Stage`] to `trace` as it is
@@ -121,6 +131,73 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         which: LogitRows<'_>,
     ) -> anyhow::Result<B::Act> {
         self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
+    }
+}
+
+/// The KV layout of a cache of `capacity` positions for `model`: each sliding-window
+/// layer a ring of its window plus `ring_rows` positions (`None`: every layer whole).
+pub fn cache_layout<B: Backend, M: CausalLm<B> + ?Sized>(
+    model: &M,
+    capacity: usize,
+    ring_rows: Option<usize>,
+) -> anyhow::Result<KvLayout> {
+    let info = model.info();
+    ensure!(capacity <= info.context_length, "KV cache of {capacity} exceeds the context {}", info.context_length);
+    let slots = (0..info.n_layer)
+        .map(|l| match (model.layer_window(l), ring_rows) {
+            (Some(w), Some(rows)) => capacity.min(w.saturating_add(rows)),
+            _ => capacity,
+        })
+        .collect();
+    let windows = (0..info.n_layer).map(|l| model.layer_window(l)).collect();
+    Ok(KvLayout { capacity, width: model.kv_width(), slots, windows })
+}
+
+/// A model whose sliding-window layers keep rings of their window plus `ring_rows`
+/// positions, or every position (`None`: llama.cpp's `--swa-full`, more memory for
+/// prefix-cache hits anywhere in a finished sequence), instead of [`RING_ROWS`].
+pub struct WindowCaches<B: Backend> {
+    pub inner: Box<dyn CausalLm<B>>,
+    pub ring_rows: Option<usize>,
+}
+
+impl<B: Backend> CausalLm<B> for WindowCaches<B> {
+    fn info(&self) -> &ModelInfo {
+        self.inner.info()
+    }
+    fn kv_width(&self) -> usize {
+        self.inner.kv_width()
+    }
+    fn kv_head_dim(&self) -> usize {
+        self.inner.kv_head_dim()
+    }
+    fn layer_window(&self, layer: usize) -> Option<usize> {
+        self.inner.layer_window(layer)
+    }
+    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+        backend.new_kv_cache_in(&cache_layout(self, capacity, self.ring_rows)?)
+    }
+    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> anyhow::Result<()> {
+        self.inner.copy_cache_prefix(backend, src, dst, n)
+    }
+    fn forward(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows<'_>,
+    ) -> anyhow::Result<B::Act> {
+        self.inner.forward(backend, batch, caches, which)
+    }
+    fn forward_traced(
+        &self,
+        backend: &B,
+        batch: &Batch,
+        caches: &mut [&mut B::KvCache],
+        which: LogitRows<'_>,
+        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
+    ) -> anyhow::Result<B::Act> {
+        self.inner.forward_traced(backend, batch, caches, which, trace)
     }
 }
 

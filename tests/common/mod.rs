@@ -188,8 +188,8 @@ impl Backend for RoundedReference {
     fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
         ReferenceBackend.load_vector(t)
     }
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<RefKvCache> {
-        ReferenceBackend.new_kv_cache(n_layer, capacity, width)
+    fn new_kv_cache_in(&self, layout: &batch_forge::backend::KvLayout) -> anyhow::Result<RefKvCache> {
+        ReferenceBackend.new_kv_cache_in(layout)
     }
     fn upload(&self, m: &HostMatrix) -> HostMatrix {
         m.clone()

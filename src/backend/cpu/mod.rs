@@ -14,7 +14,7 @@ pub mod simd;
 pub mod team;
 pub mod weights;
 
-use std::ops::{Deref, DerefMut};
+use std::ops::{Deref, DerefMut, Range};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, ensure};
@@ -23,8 +23,8 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{
-    AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, SeqSlice, WeightDtype, check_attention,
-    check_qk_norm, dequantized_matrix, rope_row,
+    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, SeqSlice, WeightDtype,
+    attention_pieces, check_attention, check_qk_norm, dequantized_matrix, needs_pieces, rope_row,
 };
 use crate::tensor::GgmlType;
 use crate::tensor::KvDtype;
@@ -222,14 +222,19 @@ enum KvStore {
 pub struct CpuKvCache {
     capacity: usize,
     width: usize,
-    /// Per layer: keys, values; each head-major `[n_head, capacity, head_dim]`, so one
-    /// head's keys are one contiguous stream for attention.
+    /// Per layer: keys, values; each head-major `[n_head, slots, head_dim]`, so one
+    /// head's keys are one contiguous stream for attention (two where a ring wraps:
+    /// position `pos` is in slot `pos % slots`, [`KvRings`]).
     layers: Vec<(KvStore, KvStore)>,
+    rings: KvRings,
 }
 
 impl KvCache for CpuKvCache {
     fn shape(&self) -> KvShape {
         KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
+    }
+    fn rings(&self) -> &KvRings {
+        &self.rings
     }
 }
 
@@ -266,18 +271,26 @@ impl TaskOut {
 /// rather than rayon.
 const PARALLEL_ATTENTION_WORK: usize = 1 << 16;
 
+/// Rows per piece of a long prefill slice under a sliding window (see `attention`).
+const WINDOW_PIECE_ROWS: usize = 512;
+
 /// Sequences with at least this many new rows use matmul-shaped attention.
 const BLOCKED_ATTENTION_MIN_ROWS: usize = 16;
 
-/// Offset of head `h`, position `pos` in a head-major cache layer.
-fn kv_index(capacity: usize, hd: usize, h: usize, pos: usize) -> usize {
-    (h * capacity + pos) * hd
+/// Offset of head `h`, slot `slot` in a head-major cache layer of `slots` positions.
+fn kv_index(slots: usize, hd: usize, h: usize, slot: usize) -> usize {
+    (h * slots + slot) * hd
 }
 
-fn kv_get(store: &KvStore, i: usize) -> f32 {
+/// The values of `runs` of a cache layer, in order, as f32: borrowed when they are one
+/// f32 run, else gathered (f16 widened exactly).
+fn rows_in_order<'a>(store: &'a KvStore, runs: &[Range<usize>]) -> std::borrow::Cow<'a, [f32]> {
     match store {
-        KvStore::F32(v) => v[i],
-        KvStore::F16(v) => v[i].to_f32(),
+        KvStore::F32(x) if runs.iter().filter(|r| !r.is_empty()).count() <= 1 => {
+            std::borrow::Cow::Borrowed(runs.iter().find(|r| !r.is_empty()).map_or(&x[..0], |r| &x[r.clone()]))
+        }
+        KvStore::F32(x) => runs.iter().flat_map(|r| x[r.clone()].iter().copied()).collect(),
+        KvStore::F16(x) => runs.iter().flat_map(|r| x[r.clone()].iter().map(|v| v.to_f32())).collect(),
     }
 }
 
@@ -289,43 +302,44 @@ fn attention_head_blocked(
     qkv: &[f32],
     seq: &SeqSlice,
     (k_store, v_store): &(KvStore, KvStore),
-    capacity: usize,
+    (rings, layer): (&KvRings, usize),
     spec: &AttentionSpec,
     h: usize,
 ) -> Vec<f32> {
     let (hd, stride, kvh) = (spec.head_dim, spec.qkv_width(), h / spec.group());
     let t = seq.rows.len();
-    let keys = seq.start_pos + t;
+    let end = seq.start_pos + t;
+    let slots = rings.slots(layer);
+    // Keys k0..end: from the first key the slice's first row sees (all of them without a
+    // sliding window), so a long prompt's windowed layers cost T × window, not T².
+    let k0 = spec.first_key(seq.start_pos);
+    let keys = end - k0;
     let mut q = Vec::with_capacity(t * hd);
     for r in seq.rows.clone() {
         q.extend(qkv[r * stride + h * hd..r * stride + (h + 1) * hd].iter().map(|v| v * spec.scale));
     }
-    // This head's cached rows 0..keys are contiguous (see `kv_index`).
-    let span = kv_index(capacity, hd, kvh, 0)..kv_index(capacity, hd, kvh, keys);
-    let k_t = match k_store {
-        KvStore::F32(k) => PackedMatrix::pack_f32_rows(hd, keys, &k[span.clone()], true),
-        KvStore::F16(_) => {
-            PackedMatrix::pack(hd, keys, WeightDtype::F32, |d, j| kv_get(k_store, kv_index(capacity, hd, kvh, j) + d))
-        }
-    };
+    // This head's cached rows k0..end, in position order: one contiguous run (see
+    // `kv_index`), or two where a ring wraps, gathered (f16 widened exactly).
+    let s0 = rings.slot(layer, k0);
+    let n1 = keys.min(slots - s0);
+    let runs = [kv_index(slots, hd, kvh, s0)..kv_index(slots, hd, kvh, s0 + n1), {
+        kv_index(slots, hd, kvh, 0)..kv_index(slots, hd, kvh, keys - n1)
+    }];
+    let k_t = PackedMatrix::pack_f32_rows(hd, keys, &rows_in_order(k_store, &runs), true);
     let mut scores = vec![0.0f32; t * keys];
     let none = Epilogue { bias: None, gelu: false };
-    matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start: seq.start_pos }, &mut scores);
+    let start = seq.start_pos - k0;
+    matmul_causal(isa, &q, t, &k_t, none, Causal::KeyColumns { start }, &mut scores);
     for (i, row) in scores.chunks_mut(keys).enumerate() {
-        let visible = seq.start_pos + i + 1;
-        let first = spec.first_key(visible - 1); // keys before a sliding window weigh 0
-        row[..first].fill(0.0);
+        let pos = seq.start_pos + i;
+        let (first, visible) = (spec.first_key(pos) - k0, pos + 1 - k0);
+        row[..first].fill(0.0); // keys before a sliding window weigh 0
         simd::softmax(isa, &mut row[first..visible]);
         row[visible..].fill(0.0);
     }
-    let v = match v_store {
-        KvStore::F32(v) => PackedMatrix::pack_f32_rows(keys, hd, &v[span], false),
-        KvStore::F16(_) => {
-            PackedMatrix::pack(keys, hd, WeightDtype::F32, |j, d| kv_get(v_store, kv_index(capacity, hd, kvh, j) + d))
-        }
-    };
+    let v = PackedMatrix::pack_f32_rows(keys, hd, &rows_in_order(v_store, &runs), false);
     let mut out = vec![0.0f32; t * hd];
-    matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start: seq.start_pos }, &mut out);
+    matmul_causal(isa, &scores, t, &v, none, Causal::KeyInner { start }, &mut out);
     out
 }
 
@@ -383,6 +397,164 @@ fn add_map_rows(x: &mut CpuAct, y: &CpuAct, out: &mut [f32], f: impl Fn(&[f32], 
         x.par_chunks_mut(cols).zip(y.par_chunks(cols)).zip(out.par_chunks_mut(cols)).for_each(one);
     } else {
         x.chunks_mut(cols).zip(y.chunks(cols)).zip(out.chunks_mut(cols)).for_each(one);
+    }
+}
+
+impl CpuBackend {
+    /// Steps 1 and 2 of [`Backend::attention`] for the sequences `seqs` (rows of `qkv`,
+    /// already rotated), whose caches are `caches[index[i]]` (`caches[i]` without an
+    /// index): their rows of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_piece(
+        &self,
+        qkv: &[f32],
+        seqs: &[SeqSlice],
+        index: Option<&[usize]>,
+        caches: &mut [&mut CpuKvCache],
+        layer: usize,
+        spec: &AttentionSpec,
+        out: &mut CpuAct,
+    ) {
+        let cache_of = |s: usize| index.map_or(s, |i| i[s]);
+        let isa = self.opts.isa;
+        let (hd, stride, qw, kw) = (spec.head_dim, spec.qkv_width(), spec.q_width(), spec.kv_width());
+        let (n_head, n_rows) = (spec.n_head, out.rows);
+        // 1. Append the new keys and values.
+        for (s, seq) in seqs.iter().enumerate() {
+            let cache = &mut *caches[cache_of(s)];
+            let slots = cache.rings.slots(layer);
+            let (k, v) = &mut cache.layers[layer];
+            for (i, r) in seq.rows.clone().enumerate() {
+                let row = &qkv[r * stride..(r + 1) * stride];
+                let slot = cache.rings.slot(layer, seq.start_pos + i);
+                for h in 0..spec.n_kv_head {
+                    let at = kv_index(slots, hd, h, slot);
+                    kv_write(k, at, &row[qw + h * hd..qw + (h + 1) * hd]);
+                    kv_write(v, at, &row[qw + kw + h * hd..qw + kw + (h + 1) * hd]);
+                }
+            }
+            cache.rings.wrote(layer, seq.start_pos, seq.start_pos + seq.rows.len());
+        }
+        let caches: &[&mut CpuKvCache] = caches;
+        // 2a. Long slices (prefill): per (sequence, head), S = Q·Kᵀ and O = P·V as matmuls.
+        let blocked: Vec<usize> = (0..seqs.len())
+            .filter(|&s| !self.opts.batch_invariant && seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS)
+            .collect();
+        let head_outputs: Vec<(usize, usize, Vec<f32>)> = if blocked.is_empty() {
+            Vec::new() // the decode path: no allocation
+        } else {
+            blocked
+                .iter()
+                .flat_map(|&s| (0..n_head).map(move |h| (s, h)))
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|(s, h)| {
+                    let cache = &caches[cache_of(s)];
+                    let kv = (&cache.rings, layer);
+                    (s, h, attention_head_blocked(isa, qkv, &seqs[s], &cache.layers[layer], kv, spec, h))
+                })
+                .collect()
+        };
+        for (s, h, o) in head_outputs {
+            for (i, r) in seqs[s].rows.clone().enumerate() {
+                out[r * qw + h * hd..r * qw + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
+            }
+        }
+        // 2b. Short slices (decode): one task per (row, head): scores, softmax, weighted values.
+        let short_rows = |r: usize| seqs.iter().position(|s| s.rows.contains(&r)).filter(|&s| !blocked.contains(&s));
+        let one = |(task, o): (usize, &mut [f32])| {
+            let (r, h) = (task / n_head, task % n_head);
+            let kvh = h / spec.group();
+            let Some(s) = short_rows(r) else { return };
+            let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
+            let cache = &caches[cache_of(s)];
+            let (k_store, v_store) = &cache.layers[layer];
+            let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
+            // Scratch kept by each thread, reserved for the whole cache at once (so warm
+            // decode steps never allocate) and never shrunk: a decode step runs thousands of
+            // these tasks, and zeroing fresh stack buffers for each showed in profiles.
+            ATTENTION_SCRATCH.with_borrow_mut(|scores| {
+                let first = spec.first_key(pos);
+                let n = pos + 1 - first;
+                scores.clear();
+                scores.reserve(cache.capacity.max(pos + 1));
+                scores.resize(n, 0.0);
+                // This head's cached rows first..=pos are contiguous (see `kv_index`), or
+                // two runs where a ring wraps: its end, then its start.
+                let slots = cache.rings.slots(layer);
+                let s0 = cache.rings.slot(layer, first);
+                let n1 = n.min(slots - s0);
+                let span1 = kv_index(slots, hd, kvh, s0)..kv_index(slots, hd, kvh, s0 + n1);
+                let span2 = kv_index(slots, hd, kvh, 0)..kv_index(slots, hd, kvh, n - n1);
+                let (s1, s2) = scores.split_at_mut(n1);
+                // f16 rows are widened exactly as they are read: the same bits as f32 copies.
+                match k_store {
+                    KvStore::F32(k) => {
+                        simd::dot_rows(isa, q, &k[span1.clone()], spec.scale, s1);
+                        simd::dot_rows(isa, q, &k[span2.clone()], spec.scale, s2);
+                    }
+                    KvStore::F16(k) => {
+                        simd::dot_rows(isa, q, &k[span1.clone()], spec.scale, s1);
+                        simd::dot_rows(isa, q, &k[span2.clone()], spec.scale, s2);
+                    }
+                }
+                simd::softmax(isa, scores);
+                let (s1, s2) = scores.split_at(n1);
+                // The second run continues the first's sums in position order: the same
+                // bits as one run.
+                match v_store {
+                    KvStore::F32(v) => {
+                        simd::weighted_rows(isa, s1, &v[span1], o);
+                        if !s2.is_empty() {
+                            simd::weighted_rows_add(isa, s2, &v[span2], o);
+                        }
+                    }
+                    KvStore::F16(v) => {
+                        simd::weighted_rows(isa, s1, &v[span1], o);
+                        if !s2.is_empty() {
+                            simd::weighted_rows_add(isa, s2, &v[span2], o);
+                        }
+                    }
+                }
+            })
+        };
+        // A parallel region costs a thread wake-up (~10-20 µs): worth it only when the
+        // scores to compute are many.
+        let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
+        let (n_tasks, threads) = (out.len() / hd.max(1), rayon::current_num_threads());
+        let parallel = work >= PARALLEL_ATTENTION_WORK;
+        if parallel && n_rows > team::SPLIT_MAX_ROWS {
+            out.par_chunks_mut(hd).enumerate().for_each(one);
+        } else {
+            // A decode step (or little work): the spinning team (a hand-off of ~1 µs) when
+            // it is free, else rayon when the work is large, one thread when it is small.
+            // The team's parts are dealt round-robin whole groups of query heads that share
+            // a KV head (tasks `g·group .. (g+1)·group`: one row's heads of one group), so
+            // the group's cached rows, read for its first head, are still in that core's
+            // caches for the others; with too few groups to keep every thread busy, heads
+            // are dealt one by one.
+            let base = TaskOut(out.as_mut_ptr());
+            let group = spec.group().max(1);
+            let group = if n_tasks / group >= 2 * threads { group } else { 1 };
+            let part = |p: usize| {
+                for g in (p..n_tasks / group).step_by(threads) {
+                    for task in g * group..(g + 1) * group {
+                        // SAFETY: task `task` owns `out[task·hd .. (task+1)·hd]`, inside `out`
+                        // (n_tasks·hd ≤ out.len()); each task belongs to exactly one part, and
+                        // `team::run` returns only when every part is done.
+                        let o = unsafe { std::slice::from_raw_parts_mut(base.at(task * hd), hd) };
+                        one((task, o));
+                    }
+                }
+            };
+            if threads < 2 || n_tasks < threads || !team::run(threads, &part) {
+                if parallel {
+                    out.par_chunks_mut(hd).enumerate().for_each(one);
+                } else {
+                    out.chunks_mut(hd).enumerate().for_each(one);
+                }
+            }
+        }
     }
 }
 
@@ -513,20 +685,20 @@ impl Backend for CpuBackend {
 
     fn copy_kv_prefix(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
-        // Head-major layers: each head's first n positions are one contiguous run.
+        // Head-major layers: each head's run of positions is contiguous in both caches.
         let (hd, n_head) = (head_dim, src.width / head_dim);
-        for ((sk, sv), (dk, dv)) in src.layers.iter().zip(dst.layers.iter_mut()) {
-            for (s, d) in [(sk, dk), (sv, dv)] {
-                for h in 0..n_head {
-                    let (from, to) = (kv_index(src.capacity, hd, h, 0), kv_index(dst.capacity, hd, h, 0));
-                    match (s, &mut *d) {
-                        (KvStore::F32(s), KvStore::F32(d)) => {
-                            d[to..to + n * hd].copy_from_slice(&s[from..from + n * hd])
+        for (layer, ((sk, sv), (dk, dv))) in src.layers.iter().zip(dst.layers.iter_mut()).enumerate() {
+            let (ss, ds) = (src.rings.slots(layer), dst.rings.slots(layer));
+            for run in src.rings.copy_runs(&mut dst.rings, layer, n) {
+                for (s, d) in [(sk, &mut *dk), (sv, &mut *dv)] {
+                    for h in 0..n_head {
+                        let (from, to) = (kv_index(ss, hd, h, run.from), kv_index(ds, hd, h, run.to));
+                        let len = run.len * hd;
+                        match (s, &mut *d) {
+                            (KvStore::F32(s), KvStore::F32(d)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+                            (KvStore::F16(s), KvStore::F16(d)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
+                            _ => bail!("KV copy between an f32 and an f16 cache"),
                         }
-                        (KvStore::F16(s), KvStore::F16(d)) => {
-                            d[to..to + n * hd].copy_from_slice(&s[from..from + n * hd])
-                        }
-                        _ => bail!("KV copy between an f32 and an f16 cache"),
                     }
                 }
             }
@@ -534,17 +706,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<CpuKvCache> {
-        let n = capacity.checked_mul(width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
-        let store = || -> anyhow::Result<KvStore> {
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<CpuKvCache> {
+        layout.check()?;
+        let n_layer = layout.slots.len();
+        let store = |slots: usize| -> anyhow::Result<KvStore> {
+            let n = slots.checked_mul(layout.width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
             Ok(if self.opts.kv_dtype == KvDtype::F16 {
                 KvStore::F16(super::kv_zeros(n, f16::ZERO, n_layer)?)
             } else {
                 KvStore::F32(super::kv_zeros(n, 0.0, n_layer)?)
             })
         };
-        let layers = (0..n_layer).map(|_| Ok((store()?, store()?))).collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(CpuKvCache { capacity, width, layers })
+        let layers = layout.slots.iter().map(|&s| Ok((store(s)?, store(s)?))).collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(CpuKvCache { capacity: layout.capacity, width: layout.width, layers, rings: KvRings::new(layout) })
     }
 
     fn upload(&self, m: &HostMatrix) -> CpuAct {
@@ -673,9 +847,7 @@ impl Backend for CpuBackend {
         spec: &AttentionSpec,
     ) -> anyhow::Result<CpuAct> {
         check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
-        let isa = self.opts.isa;
-        let (hd, stride, qw, kw) = (spec.head_dim, spec.qkv_width(), spec.q_width(), spec.kv_width());
-        let (n_head, n_rows) = (spec.n_head, qkv.rows);
+        let (stride, qw, n_rows) = (spec.qkv_width(), spec.q_width(), qkv.rows);
         // 0. RoPE on a copy of the queries and keys, at each row's position.
         let rotated = spec.rope.as_ref().map(|rope| {
             let mut r = self.take_to_overwrite(qkv.rows, qkv.cols);
@@ -688,111 +860,18 @@ impl Backend for CpuBackend {
             r
         });
         let qkv: &[f32] = rotated.as_deref().unwrap_or(qkv);
-        // 1. Append the new keys and values.
-        for (seq, cache) in seqs.iter().zip(caches.iter_mut()) {
-            let (k, v) = &mut cache.layers[layer];
-            for (i, r) in seq.rows.clone().enumerate() {
-                let row = &qkv[r * stride..(r + 1) * stride];
-                for h in 0..spec.n_kv_head {
-                    let at = kv_index(cache.capacity, hd, h, seq.start_pos + i);
-                    kv_write(k, at, &row[qw + h * hd..qw + (h + 1) * hd]);
-                    kv_write(v, at, &row[qw + kw + h * hd..qw + kw + (h + 1) * hd]);
-                }
-            }
-        }
-        let caches: &[&mut CpuKvCache] = caches;
         let mut out = self.take(n_rows, qw);
-        // 2a. Long slices (prefill): per (sequence, head), S = Q·Kᵀ and O = P·V as matmuls.
-        let blocked: Vec<usize> = (0..seqs.len())
-            .filter(|&s| !self.opts.batch_invariant && seqs[s].rows.len() >= BLOCKED_ATTENTION_MIN_ROWS)
-            .collect();
-        let head_outputs: Vec<(usize, usize, Vec<f32>)> = if blocked.is_empty() {
-            Vec::new() // the decode path: no allocation
-        } else {
-            blocked
-                .iter()
-                .flat_map(|&s| (0..n_head).map(move |h| (s, h)))
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .map(|(s, h)| {
-                    let cache = &caches[s];
-                    (s, h, attention_head_blocked(isa, qkv, &seqs[s], &cache.layers[layer], cache.capacity, spec, h))
-                })
-                .collect()
-        };
-        for (s, h, o) in head_outputs {
-            for (i, r) in seqs[s].rows.clone().enumerate() {
-                out[r * qw + h * hd..r * qw + (h + 1) * hd].copy_from_slice(&o[i * hd..(i + 1) * hd]);
-            }
+        // The matmul-shaped prefill computes rows × keys scores: under a sliding window it
+        // goes in pieces of WINDOW_PIECE_ROWS rows, each reading its own window's keys.
+        let window_rows = if self.opts.batch_invariant { usize::MAX } else { WINDOW_PIECE_ROWS };
+        if !needs_pieces(seqs, caches, layer, spec, window_rows) {
+            self.attention_piece(qkv, seqs, None, caches, layer, spec, &mut out);
+            return Ok(out);
         }
-        // 2b. Short slices (decode): one task per (row, head): scores, softmax, weighted values.
-        let short_rows = |r: usize| seqs.iter().position(|s| s.rows.contains(&r)).filter(|&s| !blocked.contains(&s));
-        let one = |(task, o): (usize, &mut [f32])| {
-            let (r, h) = (task / n_head, task % n_head);
-            let kvh = h / spec.group();
-            let Some(s) = short_rows(r) else { return };
-            let pos = seqs[s].start_pos + (r - seqs[s].rows.start);
-            let cache = &caches[s];
-            let (k_store, v_store) = &cache.layers[layer];
-            let q = &qkv[r * stride + h * hd..r * stride + (h + 1) * hd];
-            // Scratch kept by each thread, reserved for the whole cache at once (so warm
-            // decode steps never allocate) and never shrunk: a decode step runs thousands of
-            // these tasks, and zeroing fresh stack buffers for each showed in profiles.
-            ATTENTION_SCRATCH.with_borrow_mut(|scores| {
-                let first = spec.first_key(pos);
-                scores.clear();
-                scores.reserve(cache.capacity.max(pos + 1));
-                scores.resize(pos + 1 - first, 0.0);
-                // This head's cached rows first..=pos are contiguous (see `kv_index`).
-                let span = kv_index(cache.capacity, hd, kvh, first)..kv_index(cache.capacity, hd, kvh, pos + 1);
-                // f16 rows are widened exactly as they are read: the same bits as f32 copies.
-                match k_store {
-                    KvStore::F32(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),
-                    KvStore::F16(k) => simd::dot_rows(isa, q, &k[span.clone()], spec.scale, scores),
-                }
-                simd::softmax(isa, scores);
-                match v_store {
-                    KvStore::F32(v) => simd::weighted_rows(isa, scores, &v[span], o),
-                    KvStore::F16(v) => simd::weighted_rows(isa, scores, &v[span], o),
-                }
-            })
-        };
-        // A parallel region costs a thread wake-up (~10-20 µs): worth it only when the
-        // scores to compute are many.
-        let work: usize = seqs.iter().map(|s| s.rows.len() * (s.start_pos + s.rows.len())).sum::<usize>() * qw;
-        let (n_tasks, threads) = (out.len() / hd.max(1), rayon::current_num_threads());
-        let parallel = work >= PARALLEL_ATTENTION_WORK;
-        if parallel && n_rows > team::SPLIT_MAX_ROWS {
-            out.par_chunks_mut(hd).enumerate().for_each(one);
-        } else {
-            // A decode step (or little work): the spinning team (a hand-off of ~1 µs) when
-            // it is free, else rayon when the work is large, one thread when it is small.
-            // The team's parts are dealt round-robin whole groups of query heads that share
-            // a KV head (tasks `g·group .. (g+1)·group`: one row's heads of one group), so
-            // the group's cached rows, read for its first head, are still in that core's
-            // caches for the others; with too few groups to keep every thread busy, heads
-            // are dealt one by one.
-            let base = TaskOut(out.as_mut_ptr());
-            let group = spec.group().max(1);
-            let group = if n_tasks / group >= 2 * threads { group } else { 1 };
-            let part = |p: usize| {
-                for g in (p..n_tasks / group).step_by(threads) {
-                    for task in g * group..(g + 1) * group {
-                        // SAFETY: task `task` owns `out[task·hd .. (task+1)·hd]`, inside `out`
-                        // (n_tasks·hd ≤ out.len()); each task belongs to exactly one part, and
-                        // `team::run` returns only when every part is done.
-                        let o = unsafe { std::slice::from_raw_parts_mut(base.at(task * hd), hd) };
-                        one((task, o));
-                    }
-                }
-            };
-            if threads < 2 || n_tasks < threads || !team::run(threads, &part) {
-                if parallel {
-                    out.par_chunks_mut(hd).enumerate().for_each(one);
-                } else {
-                    out.chunks_mut(hd).enumerate().for_each(one);
-                }
-            }
+        // A ring layer takes a long slice in pieces ([`attention_pieces`]).
+        for piece in attention_pieces(seqs, caches, layer, spec, window_rows) {
+            let (index, slices): (Vec<usize>, Vec<SeqSlice>) = piece.into_iter().unzip();
+            self.attention_piece(qkv, &slices, Some(&index), caches, layer, spec, &mut out);
         }
         Ok(out)
     }

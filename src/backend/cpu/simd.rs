@@ -400,14 +400,28 @@ pub fn dot_rows<T: KvElem>(isa: Isa, q: &[f32], rows: &[T], scale: f32, scores: 
 /// zero with a separate multiply and add per term, exactly as [`axpy`] called for each
 /// row in turn: attention's weighted values.
 pub fn weighted_rows<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32]) {
+    weighted_rows_from(isa, p, rows, out, false)
+}
+
+/// `out += Σ_j p[j] · rows[j·n .. (j+1)·n]`, continuing [`weighted_rows`]'s sums from
+/// `out` in `j` order: two calls over the two runs of a wrapped ring give the bits of
+/// one call over the positions in order.
+pub fn weighted_rows_add<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32]) {
+    weighted_rows_from(isa, p, rows, out, true)
+}
+
+fn weighted_rows_from<T: KvElem>(isa: Isa, p: &[f32], rows: &[T], out: &mut [f32], add: bool) {
     let n = out.len();
     assert_eq!(rows.len(), p.len() * n, "weighted_rows: shapes");
     #[cfg(target_arch = "x86_64")]
     if isa.is_avx2() {
         // SAFETY: features checked by detection (AVX2 implies F16C here); shapes checked.
-        return unsafe { x86::weighted_rows(p, rows, out) };
+        return unsafe { x86::weighted_rows(p, rows, out, add) };
     }
-    out.fill(0.0);
+    let _ = isa;
+    if !add {
+        out.fill(0.0);
+    }
     for (&pj, row) in p.iter().zip(rows.chunks_exact(n.max(1))) {
         // `axpy`'s loop on the row widened element by element (no copy).
         for (yv, xv) in out.iter_mut().zip(row) {

@@ -28,7 +28,8 @@ use wgpu::util::DeviceExt;
 
 use super::WeightDtype;
 use super::{
-    AttentionSpec, Backend, HostMatrix, KvCache, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice, check_attention,
+    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice,
+    attention_pieces, check_attention,
 };
 use crate::tensor::GgmlType;
 use crate::tensor::KvDtype;
@@ -708,18 +709,23 @@ pub struct GpuVector {
     len: usize,
 }
 
-/// One sequence's keys and values: per layer, [2][n_head][capacity][head_dim] in f32 or f16.
+/// One sequence's keys and values: per layer, [2][n_head][slots][head_dim] in f32 or f16
+/// (position `pos` in slot `pos % slots`, [`KvRings`]).
 pub struct GpuKvCache {
     layers: Vec<wgpu::Buffer>,
     f16: bool,
     capacity: usize,
     width: usize,
+    rings: KvRings,
     bind_groups: Arc<BindCache>,
 }
 
 impl KvCache for GpuKvCache {
     fn shape(&self) -> KvShape {
         KvShape { n_layer: self.layers.len(), capacity: self.capacity, width: self.width }
+    }
+    fn rings(&self) -> &KvRings {
+        &self.rings
     }
 }
 
@@ -843,23 +849,30 @@ impl Backend for GpuBackend {
         Ok(GpuVector { buffer: self.weight_buffer(&bytes), len: data.len() })
     }
 
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<GpuKvCache> {
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<GpuKvCache> {
+        layout.check()?;
+        let (capacity, width) = (layout.capacity, layout.width);
         // Keys and values of one layer in one buffer, 2 or 4 bytes a value.
         let elem = self.opts.kv_dtype.size();
-        let bytes = capacity
-            .checked_mul(2)
-            .and_then(|n| n.checked_mul(width))
-            .and_then(|n| n.checked_mul(elem))
-            .and_then(|n| u64::try_from(n).ok())
-            .context("KV cache size overflows")?;
-        ensure!(
-            bytes <= self.max_binding,
-            "a KV cache layer of {capacity} positions × {width} needs {bytes} bytes, over the adapter's \
-             {} byte storage binding",
-            self.max_binding
-        );
-        let layers = (0..n_layer)
-            .map(|_| {
+        let layer_bytes = |slots: usize| -> anyhow::Result<u64> {
+            let bytes = slots
+                .checked_mul(2)
+                .and_then(|n| n.checked_mul(width))
+                .and_then(|n| n.checked_mul(elem))
+                .and_then(|n| u64::try_from(n).ok())
+                .context("KV cache size overflows")?;
+            ensure!(
+                bytes <= self.max_binding,
+                "a KV cache layer of {slots} positions × {width} needs {bytes} bytes, over the adapter's \
+                 {} byte storage binding",
+                self.max_binding
+            );
+            Ok(bytes)
+        };
+        let sizes = layout.slots.iter().map(|&s| layer_bytes(s)).collect::<anyhow::Result<Vec<_>>>()?;
+        let layers = sizes
+            .iter()
+            .map(|&bytes| {
                 self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("kv cache"),
                     size: bytes.max(4).next_multiple_of(4),
@@ -875,6 +888,7 @@ impl Backend for GpuBackend {
             f16: self.opts.kv_dtype == KvDtype::F16,
             capacity,
             width,
+            rings: KvRings::new(layout),
             bind_groups: self.bind_groups.clone(),
         })
     }
@@ -882,24 +896,26 @@ impl Backend for GpuBackend {
     fn copy_kv_prefix(&self, src: &GpuKvCache, dst: &mut GpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
         ensure!(src.f16 == dst.f16, "KV copy between an f32 and an f16 cache");
-        // Each layer's buffer is [2][n_head][capacity][head_dim]: one run per (k/v, head).
+        // Each layer's buffer is [2][n_head][slots][head_dim]: one run per (k/v, head) and
+        // run of slots.
         let elem = if src.f16 { 2u64 } else { 4 };
         let (hd, n_head) = (head_dim as u64, (src.width / head_dim) as u64);
-        let run = n as u64 * hd * elem;
         let aligned = |x: u64| x.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        ensure!(
-            aligned(run) && aligned(hd * elem),
-            "KV copy: runs of {run} bytes are not 4-byte aligned (odd f16 head size)"
-        );
-        if run == 0 {
+        ensure!(aligned(hd * elem), "KV copy: heads of {} bytes are not 4-byte aligned (odd f16 head size)", hd * elem);
+        let plan: Vec<_> = (0..src.layers.len()).map(|l| src.rings.copy_runs(&mut dst.rings, l, n)).collect();
+        if plan.iter().all(|runs| runs.is_empty()) {
             return Ok(());
         }
         self.with_encoder(|enc| {
-            for (s, d) in src.layers.iter().zip(&dst.layers) {
-                for kv_head in 0..2 * n_head {
-                    let from = kv_head * src.capacity as u64 * hd * elem;
-                    let to = kv_head * dst.capacity as u64 * hd * elem;
-                    enc.copy_buffer_to_buffer(s, from, d, to, run);
+            for (layer, runs) in plan.iter().enumerate() {
+                let (s, d) = (&src.layers[layer], &dst.layers[layer]);
+                let (ss, ds) = (src.rings.slots(layer) as u64, dst.rings.slots(layer) as u64);
+                for run in runs {
+                    for kv_head in 0..2 * n_head {
+                        let from = (kv_head * ss + run.from as u64) * hd * elem;
+                        let to = (kv_head * ds + run.to as u64) * hd * elem;
+                        enc.copy_buffer_to_buffer(s, from, d, to, run.len as u64 * hd * elem);
+                    }
                 }
             }
         });
@@ -1019,11 +1035,15 @@ impl Backend for GpuBackend {
             Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
         };
         let out = self.take(qkv.rows, c);
-        for (s, cache) in seqs.iter().zip(caches.iter()) {
+        // A ring layer takes a long slice in pieces ([`attention_pieces`]), each stored
+        // before it attends.
+        for (i, s) in attention_pieces(seqs, caches, layer, spec, usize::MAX).into_iter().flatten() {
+            let cache = &mut *caches[i];
             let rows = s.rows.len();
             if rows == 0 {
                 continue;
             }
+            cache.rings.wrote(layer, s.start_pos, s.start_pos + rows);
             let (rope_mode, table) = match &spec.rope {
                 None => (0, self.dummy.clone()),
                 Some(r) => {
@@ -1045,7 +1065,7 @@ impl Backend for GpuBackend {
                 spec.n_kv_head as u32,
                 rope_mode,
                 window,
-                0,
+                cache.rings.slots(layer) as u32,
                 0,
             ];
             let kv = cache.layers[layer].as_entire_buffer_binding();

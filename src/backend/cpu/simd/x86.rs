@@ -192,10 +192,12 @@ pub(crate) unsafe fn dot_rows<T: super::KvElem>(q: &[f32], rows: &[T], scale: f3
     }
 }
 
+/// Continues the sums from `out` when `add`, else from zero.
+///
 /// # Safety
 /// Needs AVX2, FMA and F16C; `rows.len() == p.len() * out.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn weighted_rows<T: super::KvElem>(p: &[f32], rows: &[T], out: &mut [f32]) {
+pub(crate) unsafe fn weighted_rows<T: super::KvElem>(p: &[f32], rows: &[T], out: &mut [f32], add: bool) {
     let n = out.len();
     let r = rows.as_ptr();
     // Columns in strips of up to 64 held in eight registers across all rows; each term
@@ -204,6 +206,12 @@ pub(crate) unsafe fn weighted_rows<T: super::KvElem>(p: &[f32], rows: &[T], out:
     while c + 8 <= n {
         let w = ((n - c) / 8).min(8);
         let mut acc = [_mm256_setzero_ps(); 8];
+        if add {
+            for (u, a) in acc.iter_mut().enumerate().take(w) {
+                // SAFETY: c + 8u + 8 ≤ n.
+                *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(c + 8 * u)) };
+            }
+        }
         for (j, &pj) in p.iter().enumerate() {
             let pv = _mm256_set1_ps(pj);
             for (u, a) in acc.iter_mut().enumerate().take(w) {
@@ -219,7 +227,7 @@ pub(crate) unsafe fn weighted_rows<T: super::KvElem>(p: &[f32], rows: &[T], out:
         c += 8 * w;
     }
     for (i, o) in out.iter_mut().enumerate().skip(c) {
-        let mut acc = 0.0f32;
+        let mut acc = if add { *o } else { 0.0f32 };
         for (j, &pj) in p.iter().enumerate() {
             acc += pj * rows[j * n + i].widen();
         }

@@ -2,8 +2,10 @@
 // RoPE.
 //
 // qkv rows: q (n_head heads) | k (n_kv_head heads) | v (n_kv_head heads), head_dim each.
-// Cache layout, one buffer per layer: [2 (k, v)][n_kv_head][capacity][head_dim] of KV
-// (f32, or f16 with shader-f16: half the memory and the bandwidth of long contexts).
+// Cache layout, one buffer per layer: [2 (k, v)][n_kv_head][slots][head_dim] of KV
+// (f32, or f16 with shader-f16: half the memory and the bandwidth of long contexts),
+// position `pos` in slot `pos % slots`: `slots` is the capacity, or fewer for a ring that
+// keeps a sliding window's last keys (the host stores a slice in pieces a ring can take).
 // RoPE (`rope_mode` 1: neighbour pairs (x[2i], x[2i+1]), llama.cpp's layout; 2: halves
 // (x[i], x[i + head_dim/2]), HF's): each pair is rotated by the angle pos·θ^(-2i/head_dim),
 // whose cos and sin come from `rope`, a table the host computes in f64 (GPU sin/cos are
@@ -23,12 +25,12 @@ struct Params {
     start_pos: u32, // position of its first row
     n_head: u32,
     head_dim: u32,
-    capacity: u32,
+    capacity: u32,  // positions of the sequence (the RoPE table's rows)
     scale: f32,
     n_kv_head: u32,
     rope_mode: u32, // 0 none, 1 neighbour pairs, 2 halves
     window: u32,    // sliding window: keys pos + 1 - window ..= pos; 0 for all
-    _pad1: u32,
+    slots: u32,     // positions the layer stores
     _pad2: u32,
 }
 
@@ -39,7 +41,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> rope: array<vec2<f32>>; // [pos][head_dim/2] (cos, sin)
 
 fn cache_index(kv: u32, head: u32, pos: u32, d: u32) -> u32 {
-    return ((kv * p.n_kv_head + head) * p.capacity + pos) * p.head_dim + d;
+    return ((kv * p.n_kv_head + head) * p.slots + pos % p.slots) * p.head_dim + d;
 }
 
 fn row_width() -> u32 {
@@ -134,9 +136,14 @@ fn attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         if (tid < p.head_dim) {
             var a = acc * correction;
             let n = min(256u, n_keys - t0);
-            let vb = cache_index(1u, head, t0, tid);
+            let v0 = cache_index(1u, head, 0u, tid); // slot 0 of this head's values
+            var slot = t0 % p.slots;
             for (var jj = 0u; jj < n; jj = jj + 1u) {
-                a = a + scores[jj] * f32(cache[vb + jj * p.head_dim]);
+                a = a + scores[jj] * f32(cache[v0 + slot * p.head_dim]);
+                slot = slot + 1u;
+                if (slot == p.slots) {
+                    slot = 0u;
+                }
             }
             acc = a;
         }
