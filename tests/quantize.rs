@@ -182,6 +182,9 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
         // Qwen 2's q/k/v biases and Qwen 3's q/k norms, q/k rows in HF's order.
         ("tiny-qwen2", FileType::F32, "tiny-qwen2/tiny-qwen2.f32.gguf"),
         ("tiny-qwen3", FileType::F32, "tiny-qwen3/tiny-qwen3.f32.gguf"),
+        // Gemma 3 in bf16: norms stored as 1 + w in f32, the local blocks' RoPE base and
+        // the window in the metadata.
+        ("tiny-gemma3-6", FileType::F32, "tiny-gemma3-6/tiny-gemma3-6.f32.gguf"),
     ] {
         let out = dir.path().join(format!("{folder}.gguf"));
         let opts = QuantizeOptions { ftype, pure: false, allow_requantize: false };
@@ -199,7 +202,8 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
             assert!(o.bytes == theirs.tensor(&t.name).unwrap().bytes, "{folder} {}: bytes differ", t.name);
         }
         for (k, v) in theirs.metadata() {
-            if ["general.name", "general.size_label"].contains(&k.as_str()) || k.ends_with("add_eos_token") {
+            let cosmetic = ["general.name", "general.size_label", "general.basename", "general.version"];
+            if cosmetic.contains(&k.as_str()) || k.ends_with("add_eos_token") {
                 continue;
             }
             if k.ends_with("add_bos_token") && ours.get(k).is_none() {
@@ -275,6 +279,15 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     );
     refuse(&edit_json("tokenizer.json", |t| t["model"]["byte_fallback"] = true.into()), "SentencePiece");
     refuse(&edit_json("config.json", |c| c["num_key_value_heads"] = 4.into()), "the config implies");
+    // Gemma 3 configs a GGUF file cannot express: blocks other than five local then one
+    // global (the 4-block fixture's), and a query scale other than 1/√head_dim.
+    let err =
+        quantize_file(&common::fixture("tiny-gemma3"), &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("does not say which blocks are local"), "{err:#}");
+    let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
+    edit_json("config.json", |c| c["query_pre_attn_scalar"] = 24.into())(&copy);
+    let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("query_pre_attn_scalar 24"), "{err:#}");
     // A model_type with no GGUF layout here is refused by name.
     let (_tmp, copy) = common::fixture_copy("tiny-llama");
     let cfg = std::fs::read_to_string(copy.join("config.json")).unwrap().replace("\"llama\"", "\"mistral\"");

@@ -3,7 +3,9 @@
 //!
 //! - **Names:** HF tensor names become llama.cpp's (`model.layers.3.self_attn.q_proj.weight`
 //!   → `blk.3.attn_q.weight`, GPT-2's `h.3.attn.c_attn.weight` → `blk.3.attn_qkv.weight`).
-//! - **Architectures:** `llama`, `qwen2` (q/k/v biases), `qwen3` (q/k head norms), `gpt2`.
+//! - **Architectures:** `llama`, `qwen2` (q/k/v biases), `qwen3` (q/k head norms), `gpt2`,
+//!   `gemma3_text` (norm weights stored as `1 + w` in f32, as llama.cpp's converter
+//!   does; the embedding cut to the tokenizer's ids).
 //! - **Llama q/k rows** are permuted per head from HF's rotate-halves order to the
 //!   neighbour pairs llama.cpp's RoPE rotates (row `i·hd/2 + j` of a head moves to `2j + i`);
 //!   Qwen's keep HF's order (llama.cpp rotates their halves).
@@ -28,11 +30,14 @@ use crate::loaders::WeightStore;
 use crate::loaders::config::Gpt2Config;
 use crate::loaders::gguf::{GgmlType, MetaValue};
 use crate::loaders::llama_config::{LlamaConfig, LlamaVariant};
+use crate::model::gemma3::{Gemma3Config, PARTS as GEMMA3_PARTS, swa_pattern};
 use crate::tensor::Dtype;
 
 enum Arch {
     Llama(LlamaConfig),
     Gpt2(Gpt2Config),
+    /// With whether the config says `sliding_window_pattern: 1` (no window key then).
+    Gemma3(Gemma3Config, bool),
 }
 
 /// An opened HF folder.
@@ -66,9 +71,15 @@ impl HfModel {
         let arch = match model_type.as_deref() {
             Some("llama" | "qwen2" | "qwen3") => Arch::Llama(LlamaConfig::from_hf_json(&text).map_err(bad)?),
             Some("gpt2") | None => Arch::Gpt2(Gpt2Config::from_json(&text).map_err(bad)?),
-            Some(other) => {
-                bail!("{}: model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2)", config_path.display())
+            Some("gemma3_text") => {
+                let c = Gemma3Config::from_hf_json(&text).map_err(bad)?;
+                gemma3_fits_gguf(&c).map_err(bad)?;
+                Arch::Gemma3(c, config["sliding_window_pattern"].as_u64() == Some(1))
             }
+            Some(other) => bail!(
+                "{}: model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2, gemma3_text)",
+                config_path.display()
+            ),
         };
         if let Arch::Llama(c) = &arch
             && c.variant != LlamaVariant::Llama
@@ -94,6 +105,7 @@ impl HfModel {
         let (arch, vocab_size) = match &self.arch {
             Arch::Llama(c) => (c.variant.name(), c.vocab_size),
             Arch::Gpt2(c) => ("gpt2", c.vocab_size),
+            Arch::Gemma3(c, _) => ("gemma3", c.vocab_size),
         };
         set("general.architecture", MetaValue::String(arch.into()));
         set("general.type", MetaValue::String("model".into()));
@@ -140,6 +152,28 @@ impl HfModel {
                     set("llama.rope.scaling.factor", MetaValue::F32(factor));
                 }
             }
+            // As convert_hf_to_gguf.py's Gemma3Model: the global blocks' RoPE base and
+            // scaling, the local blocks' base, and the window.
+            Arch::Gemma3(c, pattern_one) => {
+                set("gemma3.block_count", u32v(c.n_layer));
+                set("gemma3.context_length", u32v(c.context_length));
+                set("gemma3.embedding_length", u32v(c.hidden_size));
+                set("gemma3.feed_forward_length", u32v(c.intermediate_size));
+                set("gemma3.attention.head_count", u32v(c.n_head));
+                set("gemma3.attention.head_count_kv", u32v(c.n_kv_head));
+                if let RopeScaling::Linear { factor } = c.rope_scaling {
+                    set("gemma3.rope.scaling.type", MetaValue::String("linear".into()));
+                    set("gemma3.rope.scaling.factor", MetaValue::F32(factor));
+                }
+                set("gemma3.rope.freq_base", MetaValue::F32(c.rope_theta));
+                set("gemma3.rope.freq_base_swa", MetaValue::F32(c.rope_local_theta));
+                set("gemma3.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps));
+                set("gemma3.attention.key_length", u32v(c.head_dim));
+                set("gemma3.attention.value_length", u32v(c.head_dim));
+                if !pattern_one {
+                    set("gemma3.attention.sliding_window", u32v(c.sliding_window));
+                }
+            }
             Arch::Gpt2(c) => {
                 set("gpt2.block_count", u32v(c.n_layer));
                 set("gpt2.context_length", u32v(c.n_positions));
@@ -152,11 +186,13 @@ impl HfModel {
         let (bos, eos) = match &self.arch {
             Arch::Llama(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
             Arch::Gpt2(c) => (Some(c.bos_token_id), Some(c.eos_token_id)),
+            Arch::Gemma3(c, _) => (c.bos_token_id, c.eos_token_ids.first().copied()),
         };
         metadata.extend(self.tokenizer_metadata(vocab_size, bos, eos)?);
         let tensors = match &self.arch {
             Arch::Llama(c) => self.llama_tensors(c)?,
             Arch::Gpt2(c) => self.gpt2_tensors(c)?,
+            Arch::Gemma3(c, _) => self.gemma3_tensors(c)?,
         };
         Ok(Source { metadata, tensors })
     }
@@ -273,11 +309,14 @@ impl HfModel {
                 MetaValue::Array(8, merges.into_iter().map(MetaValue::String).collect()),
             ),
         ];
+        // As gguf-py's SpecialVocab: tokenizer_config.json's tokens, else config.json's ids.
+        let config = read_json(&self.dir.join("config.json"))?;
+        let config_id = |key: &str| config[key].as_u64().and_then(|id| u32::try_from(id).ok());
         let ids = [
             ("bos", token_of("bos_token").or(bos)),
             ("eos", token_of("eos_token").or(eos)),
-            ("unknown", token_of("unk_token")),
-            ("padding", token_of("pad_token")),
+            ("unknown", token_of("unk_token").or(config_id("unk_token_id"))),
+            ("padding", token_of("pad_token").or(config_id("pad_token_id"))),
         ];
         for (name, id) in ids {
             if let Some(id) = id {
@@ -328,26 +367,33 @@ impl HfModel {
         };
         let shape = view.shape.to_vec();
         ensure!(
-            shape.len() == 2 || (shape.len() == 1 && matches!(reorder, Reorder::None)),
+            shape.len() == 2 || (shape.len() == 1 && matches!(reorder, Reorder::None | Reorder::PlusOne)),
             "tensor {hf:?} has shape {shape:?} (a matrix expected)"
         );
         let one_d = shape.len() == 1;
         // ggml dims: innermost first.
         let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        if let Reorder::Transpose = reorder {
-            dims.reverse();
+        match reorder {
+            Reorder::Transpose => dims.reverse(),
+            Reorder::FirstRows(n) => dims[1] = dims[1].min(n as u64),
+            _ => {}
         }
         let bytes = view.bytes;
         let load = move || -> anyhow::Result<Cow<'a, [u8]>> {
-            if one_d && ty != GgmlType::F32 {
-                let values = crate::quant::dequantize(ty, bytes).map_err(anyhow::Error::msg)?;
+            if one_d && (ty != GgmlType::F32 || matches!(reorder, Reorder::PlusOne)) {
+                let mut values = crate::quant::dequantize(ty, bytes).map_err(anyhow::Error::msg)?;
+                if let Reorder::PlusOne = reorder {
+                    // As the converter: 1 added to the f32 value (a bf16 `w` widened first).
+                    values.iter_mut().for_each(|v| *v += 1.0);
+                }
                 return Ok(Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()));
             }
             let elem = if ty == GgmlType::F32 { 4 } else { 2 };
             Ok(match reorder {
-                Reorder::None => Cow::Borrowed(bytes),
+                Reorder::None | Reorder::PlusOne => Cow::Borrowed(bytes),
                 Reorder::RopePairs(n_head) => Cow::Owned(rope_pairs(bytes, shape[0], shape[1] * elem, n_head)?),
                 Reorder::Transpose => Cow::Owned(transpose(bytes, shape[0], shape[1], elem)),
+                Reorder::FirstRows(n) => Cow::Borrowed(&bytes[..n.min(shape[0]) * shape[1] * elem]),
             })
         };
         Ok(SourceTensor {
@@ -438,6 +484,50 @@ impl HfModel {
         Ok(tensors)
     }
 
+    fn gemma3_tensors(&self, c: &Gemma3Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+        let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
+        let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
+        // As convert_hf_to_gguf.py: embedding rows past the tokenizer's ids (padding) are cut.
+        let tj = self.dir.join("tokenizer.json");
+        let n_real = if tj.is_file() {
+            let root = read_json(&tj)?;
+            let n = |v: &Value| v.as_object().map(|o| o.len()).or(v.as_array().map(|a| a.len())).unwrap_or(0);
+            n(&root["model"]["vocab"]) + n(&root["added_tokens"])
+        } else {
+            v
+        };
+        let mut map: Vec<TensorMap> = vec![
+            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::FirstRows(n_real), vec![v, d]),
+            ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::PlusOne, vec![d]),
+        ];
+        for i in 0..c.n_layer {
+            for (g, h) in GEMMA3_PARTS {
+                let shape = match g {
+                    "attn_q" => vec![q, d],
+                    "attn_k" | "attn_v" => vec![kv, d],
+                    "attn_q_norm" | "attn_k_norm" => vec![hd],
+                    "attn_output" => vec![d, q],
+                    "ffn_gate" | "ffn_up" => vec![f, d],
+                    "ffn_down" => vec![d, f],
+                    _ => vec![d], // the block's four norms
+                };
+                let r = if g.ends_with("norm") { Reorder::PlusOne } else { Reorder::None };
+                map.push((format!("model.layers.{i}.{h}.weight"), format!("blk.{i}.{g}.weight"), r, shape));
+            }
+        }
+        // The head is the embedding (Gemma 3 ties them; an untied config is refused).
+        if let (Some(head), Some(embed)) =
+            (self.store.get("lm_head.weight"), self.store.get("model.embed_tokens.weight"))
+        {
+            ensure!(
+                head.shape == embed.shape && head.bytes == embed.bytes,
+                "lm_head.weight differs from model.embed_tokens.weight: an untied Gemma 3 head cannot be converted"
+            );
+        }
+        self.check_all_used(&map, |n| n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"))?;
+        map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
+    }
+
     fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
         let prefix = if self.store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
         let (v, d, f, p) = (c.vocab_size, c.n_embd, c.n_inner, c.n_positions);
@@ -483,6 +573,25 @@ impl HfModel {
     }
 }
 
+/// What a GGUF file cannot say about a Gemma 3 config, refused: llama.cpp's loader takes
+/// five local blocks of six (the converter writes no layer types) and a query scale of
+/// `1/√head_dim` (`1/√(width/heads)` for the 62-block 27B model).
+fn gemma3_fits_gguf(c: &Gemma3Config) -> Result<(), String> {
+    if c.local != swa_pattern(c.n_layer, 6) {
+        return Err("layer_types other than Gemma 3's five sliding-window blocks then one global block cannot be \
+                    converted: a GGUF file does not say which blocks are local"
+            .into());
+    }
+    let scalar = if c.n_layer == 62 { c.hidden_size / c.n_head.max(1) } else { c.head_dim };
+    if c.query_pre_attn_scalar != scalar as f32 {
+        return Err(format!(
+            "query_pre_attn_scalar {} cannot be converted: a GGUF file implies {scalar}",
+            c.query_pre_attn_scalar
+        ));
+    }
+    Ok(())
+}
+
 /// llama.cpp's name (`tokenizer.ggml.pre`) for an HF byte-level pre-tokenizer: the
 /// pipelines [`crate::tokenizer::pre_tokenizer_of_json`] recognizes (GPT-2's `ByteLevel`:
 /// `gpt-2`; SmolLM's digits-split-then-`ByteLevel`: `smollm`; Llama 3's, Qwen 2's, Qwen 3.5's,
@@ -508,6 +617,10 @@ type TensorMap = (String, String, Reorder, Vec<usize>);
 #[derive(Clone, Copy)]
 enum Reorder {
     None,
+    /// Gemma's norm weights: `1 + w`, in f32.
+    PlusOne,
+    /// The first `n` rows only (an embedding cut to the tokenizer's ids).
+    FirstRows(usize),
     /// Llama q/k rows, per head of `n` heads, from halves to neighbour pairs.
     RopePairs(usize),
     /// `[rows, cols]` → `[cols, rows]`.

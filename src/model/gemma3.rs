@@ -64,7 +64,7 @@ pub struct Gemma3Config {
 }
 
 /// llama.cpp's Gemma 3 layout: blocks `i` with `i % 6 < 5` are local.
-fn swa_pattern(n_layer: usize, pattern: usize) -> Vec<bool> {
+pub(crate) fn swa_pattern(n_layer: usize, pattern: usize) -> Vec<bool> {
     (0..n_layer).map(|i| pattern == 0 || i % pattern < pattern - 1).collect()
 }
 
@@ -277,7 +277,7 @@ impl Gemma3Config {
             sliding_window: num("attention.sliding_window")?,
             local: swa_pattern(n_layer, 6),
             rope_theta: float("rope.freq_base", 1e6)?,
-            rope_local_theta: 10_000.0,
+            rope_local_theta: float("rope.freq_base_swa", 10_000.0)?,
             rope_scaling,
             query_pre_attn_scalar,
             bos_token_id: token("bos_token_id")?,
@@ -369,7 +369,7 @@ pub struct Gemma3<B: Backend> {
 }
 
 /// The tensor names of the two layouts: (GGUF, HF) for each part of a block.
-const PARTS: [(&str, &str); 13] = [
+pub(crate) const PARTS: [(&str, &str); 13] = [
     ("attn_norm", "input_layernorm"),
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
