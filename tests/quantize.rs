@@ -212,6 +212,12 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
             }
             assert_eq!(ours.get(k), Some(v), "{folder} {k}");
         }
+        // And nothing of ours that llama.cpp's file lacks, but the local blocks' RoPE base
+        // (which its converter writes only from transformers 5's layout) and BOS flags.
+        for (k, _) in ours.metadata() {
+            let ok = theirs.get(k).is_some() || k == "gemma3.rope.freq_base_swa" || k.ends_with("add_bos_token");
+            assert!(ok, "{folder}: {k} is not in llama.cpp's file");
+        }
     }
     // SmolLM's pre-tokenizer (digits split, then GPT-2's) is named `smollm`, as llama.cpp names it.
     let (_tmp, copy) = common::fixture_copy("tiny-llama");
@@ -283,11 +289,36 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     // global (the 4-block fixture's), and a query scale other than 1/√head_dim.
     let err =
         quantize_file(&common::fixture("tiny-gemma3"), &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
-    assert!(format!("{err:#}").contains("does not say which blocks are local"), "{err:#}");
+    assert!(format!("{err:#}").contains("writes no pattern"), "{err:#}");
     let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
     edit_json("config.json", |c| c["query_pre_attn_scalar"] = 24.into())(&copy);
     let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
     assert!(format!("{err:#}").contains("query_pre_attn_scalar 24"), "{err:#}");
+    // A vocab_size above the tokenizer's ids (llama.cpp would write a file that does not
+    // load), and a SentencePiece tokenizer.model (llama.cpp would take it over tokenizer.json).
+    let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
+    edit_json("config.json", |c| c["vocab_size"] = 400.into())(&copy);
+    let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+    assert!(format!("{err:#}").contains("387 token ids for a vocab_size of 400"), "{err:#}");
+    for folder in ["tiny-gemma3-6", "tiny-llama"] {
+        let (_tmp, copy) = common::fixture_copy(folder);
+        std::fs::write(copy.join("tokenizer.model"), b"\x0a\x00").unwrap();
+        let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
+        assert!(format!("{err:#}").contains("SentencePiece tokenizer.model"), "{folder}: {err:#}");
+    }
+    // The local blocks' RoPE base travels as rope.freq_base_swa, which the loader reads.
+    let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
+    edit_json("config.json", |c| c["rope_parameters"]["sliding_attention"]["rope_theta"] = 20000.0.into())(&copy);
+    let out = dir.path().join("swa.gguf");
+    quantize_file(
+        &copy,
+        &out,
+        &QuantizeOptions { ftype: FileType::F32, pure: false, allow_requantize: false },
+        |_, _, _| {},
+    )
+    .unwrap();
+    let c = batch_forge::model::gemma3::Gemma3Config::from_gguf(&GgufFile::open(&out).unwrap()).unwrap();
+    assert_eq!((c.rope_local_theta, c.rope_theta), (20000.0, 1e6));
     // A model_type with no GGUF layout here is refused by name.
     let (_tmp, copy) = common::fixture_copy("tiny-llama");
     let cfg = std::fs::read_to_string(copy.join("config.json")).unwrap().replace("\"llama\"", "\"mistral\"");

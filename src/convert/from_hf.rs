@@ -36,8 +36,7 @@ use crate::tensor::Dtype;
 enum Arch {
     Llama(LlamaConfig),
     Gpt2(Gpt2Config),
-    /// With whether the config says `sliding_window_pattern: 1` (no window key then).
-    Gemma3(Gemma3Config, bool),
+    Gemma3(Gemma3Config),
 }
 
 /// An opened HF folder.
@@ -74,7 +73,7 @@ impl HfModel {
             Some("gemma3_text") => {
                 let c = Gemma3Config::from_hf_json(&text).map_err(bad)?;
                 gemma3_fits_gguf(&c).map_err(bad)?;
-                Arch::Gemma3(c, config["sliding_window_pattern"].as_u64() == Some(1))
+                Arch::Gemma3(c)
             }
             Some(other) => bail!(
                 "{}: model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2, gemma3_text)",
@@ -105,7 +104,7 @@ impl HfModel {
         let (arch, vocab_size) = match &self.arch {
             Arch::Llama(c) => (c.variant.name(), c.vocab_size),
             Arch::Gpt2(c) => ("gpt2", c.vocab_size),
-            Arch::Gemma3(c, _) => ("gemma3", c.vocab_size),
+            Arch::Gemma3(c) => ("gemma3", c.vocab_size),
         };
         set("general.architecture", MetaValue::String(arch.into()));
         set("general.type", MetaValue::String("model".into()));
@@ -154,7 +153,7 @@ impl HfModel {
             }
             // As convert_hf_to_gguf.py's Gemma3Model: the global blocks' RoPE base and
             // scaling, the local blocks' base, and the window.
-            Arch::Gemma3(c, pattern_one) => {
+            Arch::Gemma3(c) => {
                 set("gemma3.block_count", u32v(c.n_layer));
                 set("gemma3.context_length", u32v(c.context_length));
                 set("gemma3.embedding_length", u32v(c.hidden_size));
@@ -170,9 +169,7 @@ impl HfModel {
                 set("gemma3.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps));
                 set("gemma3.attention.key_length", u32v(c.head_dim));
                 set("gemma3.attention.value_length", u32v(c.head_dim));
-                if !pattern_one {
-                    set("gemma3.attention.sliding_window", u32v(c.sliding_window));
-                }
+                set("gemma3.attention.sliding_window", u32v(c.sliding_window));
             }
             Arch::Gpt2(c) => {
                 set("gpt2.block_count", u32v(c.n_layer));
@@ -186,13 +183,21 @@ impl HfModel {
         let (bos, eos) = match &self.arch {
             Arch::Llama(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
             Arch::Gpt2(c) => (Some(c.bos_token_id), Some(c.eos_token_id)),
-            Arch::Gemma3(c, _) => (c.bos_token_id, c.eos_token_ids.first().copied()),
+            Arch::Gemma3(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
         };
+        // llama.cpp's converter takes a SentencePiece tokenizer.model over tokenizer.json
+        // for every architecture here but GPT-2; that vocabulary is not written here yet.
+        let spm = self.dir.join("tokenizer.model");
+        ensure!(
+            matches!(self.arch, Arch::Gpt2(_)) || !spm.is_file(),
+            "{}: a SentencePiece tokenizer.model, which llama.cpp's converter would use, cannot be converted yet",
+            spm.display()
+        );
         metadata.extend(self.tokenizer_metadata(vocab_size, bos, eos)?);
         let tensors = match &self.arch {
             Arch::Llama(c) => self.llama_tensors(c)?,
             Arch::Gpt2(c) => self.gpt2_tensors(c)?,
-            Arch::Gemma3(c, _) => self.gemma3_tensors(c)?,
+            Arch::Gemma3(c) => self.gemma3_tensors(c)?,
         };
         Ok(Source { metadata, tensors })
     }
@@ -373,18 +378,19 @@ impl HfModel {
         let one_d = shape.len() == 1;
         // ggml dims: innermost first.
         let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        match reorder {
-            Reorder::Transpose => dims.reverse(),
-            Reorder::FirstRows(n) => dims[1] = dims[1].min(n as u64),
-            _ => {}
+        if let Reorder::Transpose = reorder {
+            dims.reverse();
         }
         let bytes = view.bytes;
         let load = move || -> anyhow::Result<Cow<'a, [u8]>> {
             if one_d && (ty != GgmlType::F32 || matches!(reorder, Reorder::PlusOne)) {
                 let mut values = crate::quant::dequantize(ty, bytes).map_err(anyhow::Error::msg)?;
                 if let Reorder::PlusOne = reorder {
-                    // As the converter: 1 added to the f32 value (a bf16 `w` widened first).
-                    values.iter_mut().for_each(|v| *v += 1.0);
+                    // As the converter, which widens every tensor but an f16 one to f32
+                    // before it adds 1: an f16 `1 + w` is rounded to f16.
+                    for v in &mut values {
+                        *v = if ty == GgmlType::F16 { half::f16::from_f32(*v + 1.0).to_f32() } else { *v + 1.0 };
+                    }
                 }
                 return Ok(Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()));
             }
@@ -393,7 +399,6 @@ impl HfModel {
                 Reorder::None | Reorder::PlusOne => Cow::Borrowed(bytes),
                 Reorder::RopePairs(n_head) => Cow::Owned(rope_pairs(bytes, shape[0], shape[1] * elem, n_head)?),
                 Reorder::Transpose => Cow::Owned(transpose(bytes, shape[0], shape[1], elem)),
-                Reorder::FirstRows(n) => Cow::Borrowed(&bytes[..n.min(shape[0]) * shape[1] * elem]),
             })
         };
         Ok(SourceTensor {
@@ -487,17 +492,23 @@ impl HfModel {
     fn gemma3_tensors(&self, c: &Gemma3Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
         let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
         let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
-        // As convert_hf_to_gguf.py: embedding rows past the tokenizer's ids (padding) are cut.
+        // convert_hf_to_gguf.py cuts the embedding to the tokenizer's ids but writes a token
+        // list of vocab_size: a file with fewer rows than tokens, which neither llama.cpp nor
+        // forge loads. Such a folder is refused rather than written so.
         let tj = self.dir.join("tokenizer.json");
-        let n_real = if tj.is_file() {
+        if tj.is_file() {
             let root = read_json(&tj)?;
             let n = |v: &Value| v.as_object().map(|o| o.len()).or(v.as_array().map(|a| a.len())).unwrap_or(0);
-            n(&root["model"]["vocab"]) + n(&root["added_tokens"])
-        } else {
-            v
-        };
+            let n_real = n(&root["model"]["vocab"]) + n(&root["added_tokens"]);
+            ensure!(
+                n_real >= v,
+                "{}: {n_real} token ids for a vocab_size of {v}: llama.cpp's converter would cut the embedding to \
+                 {n_real} rows and list {v} tokens, a file that does not load",
+                tj.display()
+            );
+        }
         let mut map: Vec<TensorMap> = vec![
-            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::FirstRows(n_real), vec![v, d]),
+            ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
             ("model.norm.weight".into(), "output_norm.weight".into(), Reorder::PlusOne, vec![d]),
         ];
         for i in 0..c.n_layer {
@@ -515,7 +526,9 @@ impl HfModel {
                 map.push((format!("model.layers.{i}.{h}.weight"), format!("blk.{i}.{g}.weight"), r, shape));
             }
         }
-        // The head is the embedding (Gemma 3 ties them; an untied config is refused).
+        // The head is the embedding (Gemma 3 ties them; an untied config is refused). A saved
+        // lm_head.weight equal to it is dropped, where llama.cpp's converter would write it
+        // again as output.weight (Google's checkpoints and save_pretrained have none).
         if let (Some(head), Some(embed)) =
             (self.store.get("lm_head.weight"), self.store.get("model.embed_tokens.weight"))
         {
@@ -579,8 +592,11 @@ impl HfModel {
 fn gemma3_fits_gguf(c: &Gemma3Config) -> Result<(), String> {
     if c.local != swa_pattern(c.n_layer, 6) {
         return Err("layer_types other than Gemma 3's five sliding-window blocks then one global block cannot be \
-                    converted: a GGUF file does not say which blocks are local"
+                    converted: llama.cpp's converter writes no pattern, so its files imply that one"
             .into());
+    }
+    if !matches!(c.rope_scaling, RopeScaling::None | RopeScaling::Linear { .. }) {
+        return Err(format!("{:?} RoPE scaling cannot be converted (none or linear)", c.rope_scaling));
     }
     let scalar = if c.n_layer == 62 { c.hidden_size / c.n_head.max(1) } else { c.head_dim };
     if c.query_pre_attn_scalar != scalar as f32 {
@@ -617,10 +633,8 @@ type TensorMap = (String, String, Reorder, Vec<usize>);
 #[derive(Clone, Copy)]
 enum Reorder {
     None,
-    /// Gemma's norm weights: `1 + w`, in f32.
+    /// Gemma's norm weights: `1 + w` (rounded to f16 for an f16 tensor).
     PlusOne,
-    /// The first `n` rows only (an embedding cut to the tokenizer's ids).
-    FirstRows(usize),
     /// Llama q/k rows, per head of `n` heads, from halves to neighbour pairs.
     RopePairs(usize),
     /// `[rows, cols]` → `[cols, rows]`.

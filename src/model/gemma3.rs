@@ -206,7 +206,8 @@ impl Gemma3Config {
             rope_theta: theta,
             rope_local_theta: local_theta,
             rope_scaling,
-            query_pre_attn_scalar: raw.query_pre_attn_scalar.unwrap_or(raw.head_dim as f32),
+            // transformers' default when the config names none.
+            query_pre_attn_scalar: raw.query_pre_attn_scalar.unwrap_or(256.0),
             bos_token_id: raw.bos_token_id,
             eos_token_ids: match raw.eos_token_id {
                 None => Vec::new(),
