@@ -282,6 +282,31 @@ fn kv_index(slots: usize, hd: usize, h: usize, slot: usize) -> usize {
     (h * slots + slot) * hd
 }
 
+/// One (row, head) of decode attention over the key/value rows of `spans` (a wrapped
+/// ring's end, then its start; the second may be empty): scores, softmax, weighted values
+/// into `o`. The second run's sums continue the first's in position order: the bits of
+/// one run.
+fn attend_runs<T: simd::KvElem>(
+    isa: Isa,
+    q: &[f32],
+    (k, v): (&[T], &[T]),
+    spans: [Range<usize>; 2],
+    scale: f32,
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let n1 = spans[0].len() / q.len().max(1);
+    let (s1, s2) = scores.split_at_mut(n1);
+    simd::dot_rows(isa, q, &k[spans[0].clone()], scale, s1);
+    simd::dot_rows(isa, q, &k[spans[1].clone()], scale, s2);
+    simd::softmax(isa, scores);
+    let (s1, s2) = scores.split_at(n1);
+    simd::weighted_rows(isa, s1, &v[spans[0].clone()], o);
+    if !s2.is_empty() {
+        simd::weighted_rows_add(isa, s2, &v[spans[1].clone()], o);
+    }
+}
+
 /// The values of `runs` of a cache layer, in order, as f32: borrowed when they are one
 /// f32 run, else gathered (f16 widened exactly).
 fn rows_in_order<'a>(store: &'a KvStore, runs: &[Range<usize>]) -> std::borrow::Cow<'a, [f32]> {
@@ -486,35 +511,12 @@ impl CpuBackend {
                 let n1 = n.min(slots - s0);
                 let span1 = kv_index(slots, hd, kvh, s0)..kv_index(slots, hd, kvh, s0 + n1);
                 let span2 = kv_index(slots, hd, kvh, 0)..kv_index(slots, hd, kvh, n - n1);
-                let (s1, s2) = scores.split_at_mut(n1);
+                let spans = [span1, span2];
                 // f16 rows are widened exactly as they are read: the same bits as f32 copies.
-                match k_store {
-                    KvStore::F32(k) => {
-                        simd::dot_rows(isa, q, &k[span1.clone()], spec.scale, s1);
-                        simd::dot_rows(isa, q, &k[span2.clone()], spec.scale, s2);
-                    }
-                    KvStore::F16(k) => {
-                        simd::dot_rows(isa, q, &k[span1.clone()], spec.scale, s1);
-                        simd::dot_rows(isa, q, &k[span2.clone()], spec.scale, s2);
-                    }
-                }
-                simd::softmax(isa, scores);
-                let (s1, s2) = scores.split_at(n1);
-                // The second run continues the first's sums in position order: the same
-                // bits as one run.
-                match v_store {
-                    KvStore::F32(v) => {
-                        simd::weighted_rows(isa, s1, &v[span1], o);
-                        if !s2.is_empty() {
-                            simd::weighted_rows_add(isa, s2, &v[span2], o);
-                        }
-                    }
-                    KvStore::F16(v) => {
-                        simd::weighted_rows(isa, s1, &v[span1], o);
-                        if !s2.is_empty() {
-                            simd::weighted_rows_add(isa, s2, &v[span2], o);
-                        }
-                    }
+                match (k_store, v_store) {
+                    (KvStore::F32(k), KvStore::F32(v)) => attend_runs(isa, q, (k, v), spans, spec.scale, scores, o),
+                    (KvStore::F16(k), KvStore::F16(v)) => attend_runs(isa, q, (k, v), spans, spec.scale, scores, o),
+                    _ => unreachable!("a layer's keys and values are stored alike (new_kv_cache_in)"),
                 }
             })
         };

@@ -29,7 +29,7 @@ use wgpu::util::DeviceExt;
 use super::WeightDtype;
 use super::{
     AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice,
-    attention_pieces, check_attention,
+    attention_pieces, check_attention, needs_pieces,
 };
 use crate::tensor::GgmlType;
 use crate::tensor::KvDtype;
@@ -1037,7 +1037,15 @@ impl Backend for GpuBackend {
         let out = self.take(qkv.rows, c);
         // A ring layer takes a long slice in pieces ([`attention_pieces`]), each stored
         // before it attends.
-        for (i, s) in attention_pieces(seqs, caches, layer, spec, usize::MAX).into_iter().flatten() {
+        let pieces = if needs_pieces(seqs, caches, layer, spec, usize::MAX) {
+            attention_pieces(seqs, caches, layer, spec, usize::MAX).into_iter().flatten().collect()
+        } else {
+            Vec::new() // the common case: the call as it is, no allocation
+        };
+        let whole = seqs.iter().cloned().enumerate();
+        let pieces: &mut dyn Iterator<Item = (usize, SeqSlice)> =
+            if pieces.is_empty() { &mut { whole } } else { &mut pieces.into_iter() };
+        for (i, s) in pieces {
             let cache = &mut *caches[i];
             let rows = s.rows.len();
             if rows == 0 {
