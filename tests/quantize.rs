@@ -185,6 +185,11 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
         // Gemma 3 in bf16: norms stored as 1 + w in f32, the local blocks' RoPE base and
         // the window in the metadata.
         ("tiny-gemma3-6", FileType::F32, "tiny-gemma3-6/tiny-gemma3-6.f32.gguf"),
+        // A SentencePiece tokenizer.model over tokenizer.json: pieces, scores and types,
+        // added tokens from added_tokens.json and tokenizer_config.json, padding past the
+        // model's pieces, special ids from tokenizer.json (Gemma) or config.json (Llama).
+        ("tiny-gemma3-spm", FileType::F32, "tiny-gemma3-spm/tiny-gemma3-spm.f32.gguf"),
+        ("tiny-llama-spm", FileType::F32, "tiny-llama-spm/tiny-llama-spm.f32.gguf"),
     ] {
         let out = dir.path().join(format!("{folder}.gguf"));
         let opts = QuantizeOptions { ftype, pure: false, allow_requantize: false };
@@ -295,16 +300,16 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
     assert!(format!("{err:#}").contains("query_pre_attn_scalar 24"), "{err:#}");
     // A vocab_size above the tokenizer's ids (llama.cpp would write a file that does not
-    // load), and a SentencePiece tokenizer.model (llama.cpp would take it over tokenizer.json).
+    // load), and a tokenizer.model that is not a SentencePiece model.
     let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
     edit_json("config.json", |c| c["vocab_size"] = 400.into())(&copy);
     let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
     assert!(format!("{err:#}").contains("387 token ids for a vocab_size of 400"), "{err:#}");
     for folder in ["tiny-gemma3-6", "tiny-llama"] {
         let (_tmp, copy) = common::fixture_copy(folder);
-        std::fs::write(copy.join("tokenizer.model"), b"\x0a\x00").unwrap();
+        std::fs::write(copy.join("tokenizer.model"), b"\x0a\x05ab").unwrap();
         let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
-        assert!(format!("{err:#}").contains("SentencePiece tokenizer.model"), "{folder}: {err:#}");
+        assert!(format!("{err:#}").contains("not a SentencePiece model"), "{folder}: {err:#}");
     }
     // The local blocks' RoPE base travels as rope.freq_base_swa, which the loader reads.
     let (_tmp, copy) = common::fixture_copy("tiny-gemma3-6");
@@ -326,4 +331,38 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     let opts = QuantizeOptions { ftype: FileType::Q8_0, pure: false, allow_requantize: false };
     let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
     assert!(format!("{err:#}").contains("mistral"), "{err:#}");
+}
+
+/// A folder converted from its SentencePiece tokenizer.model tokenizes as sentencepiece and
+/// transformers do, and as the same folder read through its tokenizer.json.
+#[test]
+fn sentencepiece_folders_convert_to_the_same_ids() {
+    use batch_forge::tokenizer::Tokenizer;
+    let dir = tempfile::tempdir().unwrap();
+    for folder in ["tiny-gemma3-spm", "tiny-llama-spm"] {
+        let out = dir.path().join(format!("{folder}.gguf"));
+        let opts = QuantizeOptions { ftype: FileType::Q8_0, pure: false, allow_requantize: false };
+        quantize_file(&common::fixture(folder), &out, &opts, |_, _, _| {}).unwrap();
+        let ours = Tokenizer::from_gguf(&GgufFile::open(&out).unwrap()).unwrap();
+        let from_json = (folder == "tiny-gemma3-spm")
+            .then(|| Tokenizer::from_tokenizer_json(&common::fixture(folder).join("tokenizer.json")).unwrap());
+        let cases = std::fs::read_to_string(common::fixture(&format!("{folder}/spm.jsonl"))).unwrap();
+        let mut n = 0;
+        for line in cases.lines() {
+            let case: Value = serde_json::from_str(line).unwrap();
+            let text = case["text"].as_str().unwrap();
+            let ids = |k: &str| -> Vec<u32> {
+                case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+            };
+            let (hf, spm) = (ids("hf"), ids("spm"));
+            assert!(hf == spm || text.contains("<mask>"), "{folder}: the fixture's truths differ on {text:?}");
+            assert_eq!(ours.encode(text), hf, "{folder}: {text:?}");
+            if let Some(t) = &from_json {
+                assert_eq!(t.encode(text), hf, "{folder} tokenizer.json: {text:?}");
+            }
+            assert_eq!(ours.decode(&hf).unwrap(), text, "{folder}: decode {text:?}");
+            n += 1;
+        }
+        assert!(n > 50, "{folder}: {n} cases");
+    }
 }

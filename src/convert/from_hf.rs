@@ -13,8 +13,10 @@
 //! - **Types:** 1-D tensors (norms, biases) become F32, as llama.cpp needs; the rest keep
 //!   the folder's F32/F16/BF16 until the quantizer converts them.
 //! - **Metadata:** the architecture's hyper-parameters, and the tokenizer as
-//!   `tokenizer.ggml.*` (byte-level BPE tokens, types, merges, pre-tokenizer `gpt-2`,
-//!   BOS/EOS, `add_bos_token`, the chat template).
+//!   `tokenizer.ggml.*`: a SentencePiece `tokenizer.model` where the converter takes one
+//!   (pieces, scores, types; [`super::spm_model`]), else byte-level BPE (tokens, types,
+//!   merges, the pre-tokenizer's llama.cpp name); special ids, BOS/EOS flags and the chat
+//!   template as gguf-py's `SpecialVocab` finds them.
 //!
 //! Tensors the converter would not know are refused by name rather than dropped.
 
@@ -25,6 +27,7 @@ use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
 use super::quantize::{Source, SourceTensor};
+use super::spm_model::{PieceType, parse_pieces};
 use crate::backend::RopeScaling;
 use crate::loaders::WeightStore;
 use crate::loaders::config::Gpt2Config;
@@ -180,20 +183,7 @@ impl HfModel {
                 set("gpt2.attention.layer_norm_epsilon", MetaValue::F32(c.layer_norm_epsilon));
             }
         }
-        let (bos, eos) = match &self.arch {
-            Arch::Llama(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
-            Arch::Gpt2(c) => (Some(c.bos_token_id), Some(c.eos_token_id)),
-            Arch::Gemma3(c) => (c.bos_token_id, c.eos_token_ids.first().copied()),
-        };
-        // llama.cpp's converter takes a SentencePiece tokenizer.model over tokenizer.json
-        // for every architecture here but GPT-2; that vocabulary is not written here yet.
-        let spm = self.dir.join("tokenizer.model");
-        ensure!(
-            matches!(self.arch, Arch::Gpt2(_)) || !spm.is_file(),
-            "{}: a SentencePiece tokenizer.model, which llama.cpp's converter would use, cannot be converted yet",
-            spm.display()
-        );
-        metadata.extend(self.tokenizer_metadata(vocab_size, bos, eos)?);
+        metadata.extend(self.tokenizer_metadata(vocab_size)?);
         let tensors = match &self.arch {
             Arch::Llama(c) => self.llama_tensors(c)?,
             Arch::Gpt2(c) => self.gpt2_tensors(c)?,
@@ -202,14 +192,120 @@ impl HfModel {
         Ok(Source { metadata, tensors })
     }
 
-    /// `tokenizer.ggml.*` from tokenizer.json (or vocab.json + merges.txt) and
-    /// tokenizer_config.json.
-    fn tokenizer_metadata(
+    /// `tokenizer.ggml.*` as convert_hf_to_gguf.py's `set_vocab` writes it: the
+    /// vocabulary of a SentencePiece `tokenizer.model` where the architecture's converter
+    /// prefers one (every one here but GPT-2), else byte-level BPE from tokenizer.json (or
+    /// vocab.json + merges.txt); then gguf-py's `SpecialVocab` (special ids, BOS/EOS flags,
+    /// the chat template) and each architecture's own keys.
+    fn tokenizer_metadata(&self, vocab_size: usize) -> anyhow::Result<Vec<(String, MetaValue)>> {
+        let tc_path = self.dir.join("tokenizer_config.json");
+        let tc = if tc_path.is_file() { Some(read_json(&tc_path)?) } else { None };
+        let mut meta = Vec::new();
+        let llama = matches!(&self.arch, Arch::Llama(c) if c.variant == LlamaVariant::Llama);
+        if llama && let Some(b) = tc.as_ref().and_then(|tc| tc["add_prefix_space"].as_bool()) {
+            meta.push(("tokenizer.ggml.add_space_prefix".to_owned(), MetaValue::Bool(b)));
+        }
+        let spm = self.dir.join("tokenizer.model");
+        let sentencepiece = !matches!(self.arch, Arch::Gpt2(_)) && spm.is_file();
+        let n_vocab = if sentencepiece {
+            let (vocab, n) = self.spm_vocab(&spm, vocab_size, tc.as_ref())?;
+            meta.extend(vocab);
+            Some(n)
+        } else {
+            meta.extend(self.bpe_vocab(vocab_size)?);
+            None
+        };
+        self.special_vocab(tc, n_vocab, &mut meta)?;
+        let mut set = |k: &str, v: MetaValue| match meta.iter_mut().find(|(key, _)| key == k) {
+            Some(slot) => slot.1 = v,
+            None => meta.push((k.to_owned(), v)),
+        };
+        if sentencepiece && matches!(self.arch, Arch::Gemma3(_)) {
+            set("tokenizer.ggml.add_space_prefix", MetaValue::Bool(false));
+        }
+        if llama && vocab_size == 32016 {
+            // CodeLlama's infill tokens: only EOT has a GGUF key in the converter.
+            set("tokenizer.ggml.eot_token_id", MetaValue::U32(32010));
+        }
+        if llama && vocab_size == 49152 {
+            // The converter's rule for Granite's small models (SmolLM's size too).
+            set("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+        }
+        Ok(meta)
+    }
+
+    /// As the converter's `_create_vocab_sentencepiece`: every piece of the model with its
+    /// score and type (user-defined pieces count as normal), then added_tokens.json and
+    /// tokenizer_config.json's `added_tokens_decoder` over them; ids no one names are
+    /// `[PAD{i}]`, unused. Returns the keys and the vocabulary's size.
+    fn spm_vocab(
         &self,
+        path: &Path,
         vocab_size: usize,
-        bos: Option<u32>,
-        eos: Option<u32>,
-    ) -> anyhow::Result<Vec<(String, MetaValue)>> {
+        tc: Option<&Value>,
+    ) -> anyhow::Result<(Vec<(String, MetaValue)>, usize)> {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let pieces = parse_pieces(&bytes).with_context(|| path.display().to_string())?;
+        let mut tokens: Vec<(String, f32, i32)> = (0..vocab_size).map(|i| (format!("[PAD{i}]"), -10000.0, 5)).collect();
+        // Pieces past the config's vocab_size are dropped, as the converter drops them.
+        for (slot, p) in tokens.iter_mut().zip(&pieces) {
+            let ty = match p.kind {
+                PieceType::Unknown => 2,
+                PieceType::Control => 3,
+                PieceType::Unused => 5,
+                PieceType::Byte => 6,
+                PieceType::Normal | PieceType::UserDefined => 1,
+            };
+            *slot = (p.text.clone(), p.score, ty);
+        }
+        let added_path = self.dir.join("added_tokens.json");
+        if added_path.is_file() {
+            let added = read_json(&added_path)?;
+            let added = added.as_object().with_context(|| format!("{}: not an object", added_path.display()))?;
+            for (text, id) in added {
+                let id = id.as_u64().with_context(|| format!("{}: id of {text:?} is {id}", added_path.display()))?;
+                if let Some(slot) = usize::try_from(id).ok().and_then(|i| tokens.get_mut(i)) {
+                    *slot = (text.clone(), -1000.0, 4);
+                }
+            }
+        }
+        if let Some(decoder) = tc.and_then(|tc| tc["added_tokens_decoder"].as_object()) {
+            for (id, t) in decoder {
+                let bad = || format!("tokenizer_config.json: added_tokens_decoder entry {id:?}");
+                let id: usize = id.parse().with_context(bad)?;
+                let text = t["content"].as_str().with_context(bad)?;
+                let Some(slot) = tokens.get_mut(id) else { continue };
+                *slot = if t["special"].as_bool() == Some(true) || looks_special(text) {
+                    (text.to_owned(), -1000.0, 3)
+                } else {
+                    // User-defined tokens are stored pre-normalized: SentencePiece's space
+                    // as a space.
+                    (text.replace('\u{2581}', " "), -1000.0, 4)
+                };
+            }
+        }
+        let n = tokens.len();
+        let mut texts = Vec::with_capacity(n);
+        let mut scores = Vec::with_capacity(n);
+        let mut types = Vec::with_capacity(n);
+        for (text, score, ty) in tokens {
+            texts.push(MetaValue::String(text));
+            scores.push(MetaValue::F32(score));
+            types.push(MetaValue::I32(ty));
+        }
+        let meta = vec![
+            ("tokenizer.ggml.model".to_owned(), MetaValue::String("llama".into())),
+            ("tokenizer.ggml.pre".to_owned(), MetaValue::String("default".into())),
+            ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(8, texts)),
+            ("tokenizer.ggml.scores".to_owned(), MetaValue::Array(6, scores)),
+            ("tokenizer.ggml.token_type".to_owned(), MetaValue::Array(5, types)),
+        ];
+        Ok((meta, n))
+    }
+
+    /// Byte-level BPE, as the converter's `_set_vocab_gpt2`: tokens, types, merges and the
+    /// pre-tokenizer's llama.cpp name, from tokenizer.json or vocab.json + merges.txt.
+    fn bpe_vocab(&self, vocab_size: usize) -> anyhow::Result<Vec<(String, MetaValue)>> {
         let tj = self.dir.join("tokenizer.json");
         let mut pre = "gpt-2";
         type Parts = (Vec<(String, u64)>, Vec<String>, Vec<(String, u64, bool)>);
@@ -224,7 +320,8 @@ impl HfModel {
             );
             ensure!(
                 model["byte_fallback"].as_bool() != Some(true) && root["decoder"]["type"] == "ByteLevel",
-                "{}: only byte-level BPE converts (this is a SentencePiece-style BPE: byte_fallback or a non-ByteLevel decoder)",
+                "{}: only byte-level BPE converts from tokenizer.json (this is a SentencePiece-style BPE: \
+                 byte_fallback or a non-ByteLevel decoder; the folder's SentencePiece tokenizer.model would convert)",
                 tj.display()
             );
             pre = pre_tokenizer_name(&root["pre_tokenizer"])
@@ -281,7 +378,7 @@ impl HfModel {
             place(text, *id, 1)?;
         }
         for (text, id, special) in &added {
-            place(text, *id, if *special { 3 } else { 4 })?;
+            place(text, *id, if *special || looks_special(text) { 3 } else { 4 })?;
         }
         let (texts, types): (Vec<MetaValue>, Vec<MetaValue>) = tokens
             .into_iter()
@@ -291,20 +388,7 @@ impl HfModel {
                 (MetaValue::String(text), MetaValue::I32(ty))
             })
             .unzip();
-        let lookup = |text: &str| -> Option<u32> {
-            added
-                .iter()
-                .map(|(t, id, _)| (t, id))
-                .chain(vocab.iter().map(|(t, id)| (t, id)))
-                .find_map(|(t, id)| if t == text { u32::try_from(*id).ok() } else { None })
-        };
-        let tc_path = self.dir.join("tokenizer_config.json");
-        let tc = if tc_path.is_file() { read_json(&tc_path)? } else { Value::Null };
-        let token_of = |key: &str| -> Option<u32> {
-            let v = &tc[key];
-            lookup(v.as_str().or_else(|| v["content"].as_str())?)
-        };
-        let mut meta = vec![
+        Ok(vec![
             ("tokenizer.ggml.model".to_owned(), MetaValue::String("gpt2".into())),
             ("tokenizer.ggml.pre".to_owned(), MetaValue::String(pre.into())),
             ("tokenizer.ggml.tokens".to_owned(), MetaValue::Array(8, texts)),
@@ -313,44 +397,224 @@ impl HfModel {
                 "tokenizer.ggml.merges".to_owned(),
                 MetaValue::Array(8, merges.into_iter().map(MetaValue::String).collect()),
             ),
-        ];
-        // As gguf-py's SpecialVocab: tokenizer_config.json's tokens, else config.json's ids.
+        ])
+    }
+
+    /// gguf-py's `SpecialVocab`: special ids named by tokenizer_config.json and found among
+    /// tokenizer.json's added tokens, else config.json's `*_token_id` (ids of `n_vocab` or
+    /// more skipped); BOS/EOS/SEP flags from tokenizer.json's post-processor, else
+    /// tokenizer_config.json; the chat template; the normalizer's lowercasing.
+    fn special_vocab(
+        &self,
+        tc: Option<Value>,
+        n_vocab: Option<usize>,
+        meta: &mut Vec<(String, MetaValue)>,
+    ) -> anyhow::Result<()> {
+        const TYPES: [&str; 7] = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
+        let tj_path = self.dir.join("tokenizer.json");
+        let tj = if tj_path.is_file() { Some(read_json(&tj_path)?) } else { None };
+        let mut tc = tc;
+        let mut ids: Vec<(&str, u32)> = Vec::new();
+        let mut add: Vec<(&str, bool)> = Vec::new();
+        let mut flags: Vec<(&str, bool)> = Vec::new();
+        let content = |tc: &Option<Value>, key: &str| -> Option<String> {
+            let v = &tc.as_ref()?[key];
+            v.as_str().or_else(|| v["content"].as_str()).map(str::to_owned)
+        };
+        if let Some(tj) = &tj {
+            let normalizers = match tj["normalizer"]["type"].as_str() {
+                Some("Sequence") => tj["normalizer"]["normalizers"].as_array().cloned().unwrap_or_default(),
+                _ => vec![tj["normalizer"].clone()],
+            };
+            for n in &normalizers {
+                match n["type"].as_str() {
+                    Some("Lowercase") => flags.push(("lowercase", true)),
+                    Some("StripAccents") => flags.push(("strip_accents", true)),
+                    Some("BertNormalizer") => {
+                        for (key, name) in [("lowercase", "lowercase"), ("strip_accents", "strip_accents")] {
+                            if let Some(b) = n[key].as_bool() {
+                                flags.push((name, b));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let get = |tc: &Option<Value>, k: &str| content(tc, k);
+            let mut bos = get(&tc, "bos_token");
+            let cls = get(&tc, "cls_token");
+            let mut eos = get(&tc, "eos_token");
+            let sep = get(&tc, "sep_token");
+            if let Some(t) = tc.as_mut().filter(|t| t.is_object()) {
+                if bos.is_none() && cls.is_some() {
+                    t["bos_token"] = Value::from(cls.clone());
+                    bos.clone_from(&cls);
+                }
+                if eos.is_none() && sep.is_some() {
+                    t["eos_token"] = Value::from(sep.clone());
+                    eos.clone_from(&sep);
+                }
+            }
+            let pp = &tj["post_processor"];
+            let processors = match pp["processors"].as_array() {
+                Some(list) => list.clone(),
+                None if pp.is_null() => vec![],
+                None => vec![pp.clone()],
+            };
+            for p in &processors {
+                match p["type"].as_str() {
+                    Some("ByteLevel") => {
+                        for typ in ["bos", "eos"] {
+                            if !add.iter().any(|(t, _)| *t == typ) {
+                                add.push((typ, false));
+                            }
+                        }
+                    }
+                    Some("TemplateProcessing") => {
+                        let single = p["single"].as_array().cloned().unwrap_or_default();
+                        let special =
+                            |v: Option<&Value>| v.and_then(|v| v["SpecialToken"]["id"].as_str()).map(str::to_owned);
+                        if single.len() > 1 {
+                            if let Some(first) = special(single.first()) {
+                                // As the converter: an unnamed leading token becomes BOS (or CLS).
+                                let mut cls = cls.clone();
+                                if tc.is_none() {
+                                    bos = Some(first.clone());
+                                } else if bos.as_ref() != Some(&first) && cls.as_ref() != Some(&first) {
+                                    if bos.is_none() {
+                                        bos = Some(first.clone());
+                                        if let Some(t) = tc.as_mut() {
+                                            t["bos_token"] = Value::from(first.clone());
+                                        }
+                                    }
+                                    cls.get_or_insert_with(|| first.clone());
+                                }
+                                let b = bos.as_ref() == Some(&first) || cls.as_ref() == Some(&first);
+                                add.retain(|(t, _)| *t != "bos");
+                                add.push(("bos", b));
+                            }
+                            if let Some(last) = special(single.last()) {
+                                if tc.is_none() {
+                                    eos = Some(last.clone());
+                                }
+                                ensure!(
+                                    eos.as_ref() == Some(&last),
+                                    "{}: a trailing special token {last:?} other than tokenizer_config.json's EOS \
+                                     cannot be converted (the converter would move EOS to EOT or EOM)",
+                                    tj_path.display()
+                                );
+                                add.retain(|(t, _)| *t != "eos");
+                                add.push(("eos", true));
+                            }
+                        }
+                        let pair = p["pair"].as_array().cloned().unwrap_or_default();
+                        let (first, last) = (special(single.first()), special(single.last()));
+                        let (first, last) = if single.len() > 1 { (first, last) } else { (None, None) };
+                        let start = usize::from(first.is_some() && special(pair.first()) == first);
+                        let stop =
+                            pair.len().saturating_sub(usize::from(last.is_some() && special(pair.last()) == last));
+                        let pair = pair.get(start..stop.max(start)).unwrap_or_default();
+                        let seq = |v: Option<&Value>| v.and_then(|v| v["Sequence"]["id"].as_str()).map(str::to_owned);
+                        if pair.len() > 2
+                            && seq(pair.first()).as_deref() == Some("A")
+                            && seq(pair.last()).as_deref() == Some("B")
+                        {
+                            let middle = &pair[1..pair.len() - 1];
+                            let is_sep = |v: Option<&Value>| {
+                                special(v).is_some_and(|s| Some(&s) == sep.as_ref() || Some(&s) == eos.as_ref())
+                            };
+                            let mut add_sep = is_sep(middle.first()) && last.is_none();
+                            if middle.len() == 2 && is_sep(middle.get(1)) {
+                                add_sep = true;
+                            }
+                            add.retain(|(t, _)| *t != "sep");
+                            add.push(("sep", add_sep));
+                        }
+                    }
+                    Some(other) => bail!(
+                        "{}: post_processor {other} cannot be converted (ByteLevel, TemplateProcessing)",
+                        tj_path.display()
+                    ),
+                    None => {}
+                }
+            }
+        }
+        let added_tokens = tj.as_ref().and_then(|tj| tj["added_tokens"].as_array()).cloned().unwrap_or_default();
+        let mut set_id = |typ: &'static str, id: Option<u64>| {
+            if let Some(id) = id.and_then(|id| u32::try_from(id).ok())
+                && n_vocab.is_none_or(|n| (id as usize) < n)
+                && !ids.iter().any(|(t, _)| *t == typ)
+            {
+                ids.push((typ, id));
+            }
+        };
+        if let Some(t) = &tc {
+            for typ in TYPES {
+                if let Some(b) = t[format!("add_{typ}_token")].as_bool()
+                    && !add.iter().any(|(a, _)| *a == typ)
+                {
+                    add.push((typ, b));
+                }
+                if let Some(c) = content(&tc, &format!("{typ}_token")) {
+                    set_id(
+                        typ,
+                        added_tokens.iter().find(|a| a["content"] == c.as_str()).and_then(|a| a["id"].as_u64()),
+                    );
+                }
+            }
+        }
         let config = read_json(&self.dir.join("config.json"))?;
-        let config_id = |key: &str| config[key].as_u64().and_then(|id| u32::try_from(id).ok());
-        let ids = [
-            ("bos", token_of("bos_token").or(bos)),
-            ("eos", token_of("eos_token").or(eos)),
-            ("unknown", token_of("unk_token").or(config_id("unk_token_id"))),
-            ("padding", token_of("pad_token").or(config_id("pad_token_id"))),
-        ];
-        for (name, id) in ids {
-            if let Some(id) = id {
-                meta.push((format!("tokenizer.ggml.{name}_token_id"), MetaValue::U32(id)));
+        for typ in TYPES {
+            let key = format!("{typ}_token_id");
+            let id = config[&key].as_u64().or_else(|| config["text_config"][&key].as_u64());
+            set_id(typ, id);
+        }
+        for (typ, id) in ids {
+            let key = match typ {
+                "bos" => "bos_token_id",
+                "eos" => "eos_token_id",
+                "unk" => "unknown_token_id",
+                "sep" => "seperator_token_id",
+                "pad" => "padding_token_id",
+                "mask" => "mask_token_id",
+                _ => continue, // cls: the converter has no key for it
+            };
+            meta.push((format!("tokenizer.ggml.{key}"), MetaValue::U32(id)));
+        }
+        for (typ, b) in add {
+            if matches!(typ, "bos" | "eos" | "sep") {
+                meta.push((format!("tokenizer.ggml.add_{typ}_token"), MetaValue::Bool(b)));
             }
         }
-        for key in ["add_bos_token", "add_eos_token"] {
-            if let Some(b) = tc[key].as_bool() {
-                meta.push((format!("tokenizer.ggml.{key}"), MetaValue::Bool(b)));
-            }
-        }
-        let jinja = self.dir.join("chat_template.jinja");
-        let template = if jinja.is_file() {
-            Some(std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?)
-        } else {
-            match &tc["chat_template"] {
-                Value::String(s) => Some(s.clone()),
-                Value::Array(named) => named
+        if let Some(t) = &tc {
+            let jinja = self.dir.join("chat_template.jinja");
+            let json = self.dir.join("chat_template.json");
+            let alt = if jinja.is_file() {
+                Some(Value::String(
+                    std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?,
+                ))
+            } else if json.is_file() {
+                Some(read_json(&json)?["chat_template"].clone())
+            } else {
+                None
+            };
+            let template = match t.get("chat_template").cloned().or(alt) {
+                Some(Value::String(s)) => Some(s),
+                Some(Value::Array(named)) => named
                     .iter()
                     .find(|t| t["name"] == "default")
                     .and_then(|t| t["template"].as_str())
                     .map(str::to_owned),
                 _ => None,
+            };
+            if let Some(t) = template {
+                meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(t)));
             }
-        };
-        if let Some(t) = template {
-            meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(t)));
         }
-        Ok(meta)
+        for (name, b) in flags {
+            meta.push((format!("tokenizer.ggml.normalizer.{name}"), MetaValue::Bool(b)));
+        }
+        Ok(())
     }
 
     /// One HF tensor as a GGUF tensor; `reorder` rearranges its bytes (rows of
@@ -625,6 +889,15 @@ fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
              deepseek-v3; MiniCPM 5's: minicpm5)"
         ),
     }
+}
+
+/// The converter's `does_token_look_special`: added tokens some models mark as not special
+/// that it writes as control tokens.
+fn looks_special(t: &str) -> bool {
+    matches!(t, "<pad>" | "<mask>" | "<2mass>" | "[@BOS@]")
+        || (t.starts_with("<|") && t.ends_with("|>"))
+        || (t.starts_with("<\u{ff5c}") && t.ends_with("\u{ff5c}>"))
+        || (t.starts_with("<unused") && t.ends_with('>'))
 }
 
 /// (HF name, GGUF name, byte reordering, HF shape the config implies).

@@ -4,3 +4,4 @@
 
 pub mod from_hf;
 pub mod quantize;
+pub mod spm_model;
