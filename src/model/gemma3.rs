@@ -26,7 +26,7 @@ use serde::Deserialize;
 
 use crate::backend::{AttentionSpec, Backend, Rope, RopeScaling, RopeStyle};
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
-use crate::loaders::gguf::GgufFile;
+use crate::loaders::gguf::{GgufFile, MetaValue};
 use crate::loaders::llama_config::{rope_scaling_of_gguf, rope_scaling_of_hf};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 use crate::tensor::{Dtype, TensorView};
@@ -262,6 +262,33 @@ impl Gemma3Config {
         let vocab_size = f.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map_or(0, |a| a.len());
         // llama.cpp: 1/√(C/H) for the 27B model (62 blocks), 1/√D for the others.
         let query_pre_attn_scalar = if n_layer == 62 { (hidden_size / n_head.max(1)) as f32 } else { head_dim as f32 };
+        // As llama.cpp's loader: no window (or 0) means every block is global; the blocks'
+        // kinds come from `sliding_window_pattern`, an array (one flag per block) or a
+        // period n (the last block of every n is global), five of six by default.
+        let window = match f.get("gemma3.attention.sliding_window") {
+            None => 0,
+            Some(_) => num("attention.sliding_window")?,
+        };
+        let key = "gemma3.attention.sliding_window_pattern";
+        let local = match f.get(key) {
+            _ if window == 0 => vec![false; n_layer],
+            None => swa_pattern(n_layer, 6),
+            Some(MetaValue::Array(_, flags)) => {
+                if flags.len() != n_layer {
+                    return Err(format!("metadata {key} has {} entries for {n_layer} blocks", flags.len()));
+                }
+                let flag = |v: &MetaValue| v.as_bool().or_else(|| v.as_u64().map(|n| n != 0));
+                flags
+                    .iter()
+                    .map(|v| flag(v).ok_or_else(|| format!("metadata {key} holds a {}, not a flag", v.type_name())))
+                    .collect::<Result<_, _>>()?
+            }
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| format!("metadata {key} is a {}, not a period", v.type_name()))?;
+                swa_pattern(n_layer, usize::try_from(n).unwrap_or(usize::MAX))
+            }
+        };
+        let context_length = num("context_length")?;
         let c = Gemma3Config {
             vocab_size,
             hidden_size,
@@ -274,9 +301,10 @@ impl Gemma3Config {
             },
             head_dim,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-6)?,
-            context_length: num("context_length")?,
-            sliding_window: num("attention.sliding_window")?,
-            local: swa_pattern(n_layer, 6),
+            context_length,
+            // Without local blocks the window is never used.
+            sliding_window: if window == 0 { context_length } else { window },
+            local,
             rope_theta: float("rope.freq_base", 1e6)?,
             rope_local_theta: float("rope.freq_base_swa", 10_000.0)?,
             rope_scaling,
@@ -542,6 +570,46 @@ mod tests {
         let p = swa_pattern(13, 6);
         let global: Vec<usize> = (0..13).filter(|&i| !p[i]).collect();
         assert_eq!(global, [5, 11]);
+    }
+
+    /// llama.cpp's reading of a GGUF file's block kinds: five of six by default, a period,
+    /// one flag per block, or no window at all.
+    #[test]
+    fn gguf_window_patterns() {
+        use crate::loaders::gguf_write::{GgufPlan, GgufWriter};
+        let config = |extra: &[(&str, MetaValue)]| {
+            let mut plan = GgufPlan::default();
+            plan.set("general.architecture", MetaValue::String("gemma3".into()));
+            for (k, v) in [
+                ("block_count", 7),
+                ("context_length", 64),
+                ("embedding_length", 32),
+                ("feed_forward_length", 48),
+                ("attention.head_count", 2),
+                ("attention.key_length", 16),
+                ("attention.sliding_window", 4),
+            ] {
+                plan.set(&format!("gemma3.{k}"), MetaValue::U32(v));
+            }
+            plan.set("tokenizer.ggml.tokens", MetaValue::Array(8, vec![MetaValue::String("a".into()); 5]));
+            for (k, v) in extra {
+                plan.set(&format!("gemma3.attention.{k}"), v.clone());
+            }
+            let bytes = GgufWriter::new(Vec::new(), plan).unwrap().finish().unwrap();
+            Gemma3Config::from_gguf(&GgufFile::from_bytes("mem", bytes).unwrap())
+        };
+        let globals = |c: Gemma3Config| (0..c.n_layer).filter(|&i| !c.local[i]).collect::<Vec<_>>();
+        assert_eq!(globals(config(&[]).unwrap()), [5]);
+        assert_eq!(globals(config(&[("sliding_window_pattern", MetaValue::U32(3))]).unwrap()), [2, 5]);
+        let flags = [1u8, 0, 0, 1, 1, 0, 1].map(|b| MetaValue::Bool(b == 1)).to_vec();
+        let c = config(&[("sliding_window_pattern", MetaValue::Array(7, flags.clone()))]).unwrap();
+        assert_eq!((globals(c.clone()), c.sliding_window), (vec![1, 2, 5], 4));
+        let c = config(&[("sliding_window", MetaValue::U32(0))]).unwrap();
+        assert_eq!((globals(c.clone()).len(), c.sliding_window), (7, 64));
+        let err = config(&[("sliding_window_pattern", MetaValue::Array(7, flags[..6].to_vec()))]).unwrap_err();
+        assert!(err.contains("6 entries for 7 blocks"), "{err}");
+        let err = config(&[("sliding_window_pattern", MetaValue::F32(6.0))]).unwrap_err();
+        assert!(err.contains("not a period"), "{err}");
     }
 
     #[test]
