@@ -334,6 +334,13 @@ impl KvRings {
         })
     }
 
+    /// Whether every layer holds from no later a position than `other`'s does: a cache of
+    /// the same tokens or more that reaches back as far serves every prefix `other` serves.
+    pub fn reaches_back_as_far(&self, other: &KvRings) -> bool {
+        self.held_from.len() == other.held_from.len()
+            && self.held_from.iter().zip(&other.held_from).all(|(a, b)| a <= b)
+    }
+
     /// Rows a forward may write past a sequence's end and then give back (rejected
     /// speculative drafts) with the window before that end still held: the fewest a
     /// ring layer takes at once ([`attention_pieces`]); `usize::MAX` without rings.

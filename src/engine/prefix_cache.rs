@@ -55,13 +55,20 @@ impl<C> PrefixCache<C> {
     }
 
     /// The entry sharing the most full blocks with `tokens` (hashes checked, then the
-    /// tokens themselves), and how many tokens that is.
-    pub fn lookup(&mut self, tokens: &[u32], hashes: &[u64]) -> Option<(usize, usize)> {
+    /// tokens themselves) among those whose cache is `usable` for that many tokens (a
+    /// sliding-window ring may no longer hold the window before them), and how many
+    /// tokens that is.
+    pub fn lookup(
+        &mut self,
+        tokens: &[u32],
+        hashes: &[u64],
+        usable: impl Fn(&C, usize) -> bool,
+    ) -> Option<(usize, usize)> {
         let mut best: Option<(usize, usize)> = None;
         for (i, e) in self.entries.iter().enumerate() {
             let blocks = e.hashes.iter().zip(hashes).take_while(|(a, b)| a == b).count();
             let n = blocks * BLOCK_TOKENS;
-            if n > 0 && e.tokens[..n] == tokens[..n] && best.is_none_or(|(_, m)| n > m) {
+            if n > 0 && best.is_none_or(|(_, m)| n > m) && e.tokens[..n] == tokens[..n] && usable(&e.cache, n) {
                 best = Some((i, n));
             }
         }
@@ -72,10 +79,15 @@ impl<C> PrefixCache<C> {
         best
     }
 
-    /// Whether an entry holds all of `hashes`' blocks; it counts as used now if so.
-    pub fn covers(&mut self, hashes: &[u64]) -> bool {
+    /// Whether an entry holds all of `hashes`' blocks and `serves` every prefix the caller's
+    /// cache would; it counts as used now if so.
+    pub fn covers(&mut self, hashes: &[u64], serves: impl Fn(&C) -> bool) -> bool {
         let clock = self.clock + 1;
-        match self.entries.iter_mut().find(|e| e.hashes.len() >= hashes.len() && e.hashes[..hashes.len()] == *hashes) {
+        let found = self
+            .entries
+            .iter_mut()
+            .find(|e| e.hashes.len() >= hashes.len() && e.hashes[..hashes.len()] == *hashes && serves(&e.cache));
+        match found {
             Some(e) => {
                 self.clock = clock;
                 e.last_used = clock;
@@ -86,13 +98,25 @@ impl<C> PrefixCache<C> {
     }
 
     /// Keep `cache`, which holds `tokens` (whose full blocks hash to `hashes`); the
-    /// caller has checked that no entry [`covers`](Self::covers) them already.
-    pub fn insert(&mut self, tokens: Vec<u32>, hashes: Vec<u64>, cache: C, blocks: usize) {
+    /// caller has checked that no entry [`covers`](Self::covers) them already. Entries
+    /// whose blocks the new one covers go, where `supersedes(new, old)` says the new cache
+    /// serves every prefix the old one does.
+    pub fn insert(
+        &mut self,
+        tokens: Vec<u32>,
+        hashes: Vec<u64>,
+        cache: C,
+        blocks: usize,
+        supersedes: impl Fn(&C, &C) -> bool,
+    ) {
         if hashes.is_empty() {
             return; // not one full block: nothing to reuse
         }
-        // An entry whose full blocks the new one covers is redundant.
-        self.entries.retain(|e| !(e.hashes.len() <= hashes.len() && e.hashes[..] == hashes[..e.hashes.len()]));
+        self.entries.retain(|e| {
+            !(e.hashes.len() <= hashes.len()
+                && e.hashes[..] == hashes[..e.hashes.len()]
+                && supersedes(&cache, &e.cache))
+        });
         self.clock += 1;
         self.entries.push(CacheEntry { tokens, hashes, cache, blocks, last_used: self.clock });
     }
@@ -128,21 +152,46 @@ mod tests {
 
     #[test]
     fn prefix_cache_finds_the_longest_match_and_evicts_lru() {
+        let (any, always) = (|_: &&str, _: usize| true, |_: &&str, _: &&str| true);
         let mut p = PrefixCache::new();
         let long: Vec<u32> = (0..48).collect();
         let short: Vec<u32> = (0..20).collect();
-        p.insert(short.clone(), block_hashes(&short), "short", 2);
-        p.insert(long.clone(), block_hashes(&long), "long", 3); // covers `short`'s one full block
+        p.insert(short.clone(), block_hashes(&short), "short", 2, always);
+        p.insert(long.clone(), block_hashes(&long), "long", 3, always); // covers `short`'s one full block
         assert_eq!(p.entries.len(), 1);
         let other: Vec<u32> = (100..140).collect();
-        p.insert(other.clone(), block_hashes(&other), "other", 3);
+        p.insert(other.clone(), block_hashes(&other), "other", 3, always);
         let query: Vec<u32> = (0..40).chain([7, 7]).collect();
-        let (i, n) = p.lookup(&query, &block_hashes(&query)).unwrap();
+        let (i, n) = p.lookup(&query, &block_hashes(&query), any).unwrap();
         assert_eq!((p.entries[i].cache, n), ("long", 32));
-        assert!(p.lookup(&[5; 30], &block_hashes(&[5; 30])).is_none());
+        assert!(p.lookup(&[5; 30], &block_hashes(&[5; 30]), any).is_none());
         // `long` was just used: `other` goes first.
         assert_eq!(p.evict_one(), Some(3));
         assert_eq!(p.entries[0].cache, "long");
         assert_eq!(p.blocks(), 3);
+    }
+
+    /// Caches that cannot serve every prefix (sliding-window rings that went on) neither
+    /// hide nor replace one that can: a shorter entry stays beside a longer one, a lookup
+    /// takes the longest usable match, and a covering entry counts only if it serves.
+    #[test]
+    fn entries_that_cannot_serve_a_prefix_do_not_displace_one_that_can() {
+        let mut p = PrefixCache::new();
+        let long: Vec<u32> = (0..64).collect();
+        let short: Vec<u32> = (0..32).collect();
+        // "long" is a ring that only serves its whole length: it supersedes nothing.
+        let usable = |c: &&str, n: usize| *c != "long" || n == 64;
+        let supersedes = |new: &&str, _: &&str| *new != "long";
+        p.insert(short.clone(), block_hashes(&short), "short", 2, supersedes);
+        p.insert(long.clone(), block_hashes(&long), "long", 4, supersedes);
+        assert_eq!(p.entries.len(), 2);
+        let query: Vec<u32> = (0..48).chain([9; 8]).collect();
+        let (i, n) = p.lookup(&query, &block_hashes(&query), usable).unwrap();
+        assert_eq!((p.entries[i].cache, n), ("short", 32));
+        let (i, n) = p.lookup(&long, &block_hashes(&long), usable).unwrap();
+        assert_eq!((p.entries[i].cache, n), ("long", 64));
+        let mid: Vec<u32> = (0..48).collect();
+        assert!(!p.covers(&block_hashes(&mid), |c| *c != "long"));
+        assert!(p.covers(&block_hashes(&mid), |_| true));
     }
 }

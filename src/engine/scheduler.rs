@@ -849,8 +849,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             return;
         }
         let hashes = block_hashes(&tokens);
-        if self.prefix.covers(&hashes) {
-            return; // an entry already holds these blocks (and was just refreshed)
+        // An entry already holding these blocks (refreshed, then) makes this cache
+        // redundant, unless a ring of its own went on past the positions this one holds.
+        let rings = seq.cache.rings().clone();
+        if self.prefix.covers(&hashes, |c| c.rings().reaches_back_as_far(&rings)) {
+            return;
         }
         // Keep only the blocks the cached tokens fill: a right-sized copy when the
         // sequence had reserved more (its max_tokens not all used).
@@ -863,7 +866,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             kept = (small, fit);
         }
         let (cache, blocks) = kept;
-        self.prefix.insert(tokens, hashes, cache, blocks);
+        self.prefix.insert(tokens, hashes, cache, blocks, |new, old| new.rings().reaches_back_as_far(old.rings()));
     }
 
     /// Admit waiting requests in arrival order while a slot and their blocks are free
@@ -920,15 +923,13 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     self.model.new_cache(self.backend, capacity).map(|mut c| {
                         if self.config.prefix_cache && req.prompt_logprobs.is_none() {
                             let hashes = block_hashes(&req.prompt);
-                            if let Some((entry, n)) = self.prefix.lookup(&req.prompt, &hashes) {
+                            // A sliding-window ring holds the keys before `n` only when
+                            // its sequence did not go far past `n`.
+                            let usable = |c: &B::KvCache, n: usize| c.rings().continues_at(n.min(last));
+                            if let Some((entry, n)) = self.prefix.lookup(&req.prompt, &hashes, usable) {
                                 let n = n.min(last);
                                 let src = &self.prefix.entries[entry].cache;
-                                // A sliding-window ring holds the keys before `n` only
-                                // when its sequence did not go far past `n`.
-                                if n > 0
-                                    && src.rings().continues_at(n)
-                                    && self.model.copy_cache_prefix(self.backend, src, &mut c, n).is_ok()
-                                {
+                                if n > 0 && self.model.copy_cache_prefix(self.backend, src, &mut c, n).is_ok() {
                                     cached = n;
                                     self.metrics.prefix_cache_hits.fetch_add(1, Ordering::Relaxed);
                                     self.metrics.prefix_cache_hit_tokens.fetch_add(n as u64, Ordering::Relaxed);
