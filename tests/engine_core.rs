@@ -239,8 +239,9 @@ fn run_in_turn(
 /// in chunks longer than a ring takes at once, then decoded, give every token and
 /// log-probability of whole caches bit for bit. A cached prefix is reused only while the
 /// finished sequence's rings still hold the window before it: a prompt that shares the
-/// start of a long finished sequence computes it again (and equals its run alone), one
-/// that shares nearly all of it is a hit (and equals its run alone too).
+/// start of a long finished sequence computes it again (and equals its run alone), unless
+/// a shorter finished sequence's cache still holds it; one that shares nearly all of the
+/// long one is a hit (and equals its run alone too).
 #[test]
 fn sliding_window_rings_change_no_bit() {
     let opts = CpuOptions { batch_invariant: true, ..Default::default() };
@@ -277,6 +278,14 @@ fn sliding_window_rings_change_no_bit() {
     assert_eq!(hits, 0, "a prefix whose window the ring overwrote");
     let (alone, _) = run_in_turn(&*e.model, &e.backend, config(false), vec![b.clone()]);
     assert_eq!(cached[1], alone[0], "a miss computed again");
+    // A short sequence S that shares B's two blocks, before A: A's entry covers S's blocks
+    // but its rings went on past them, so S's entry stays and B is a hit on it (A is a
+    // hit on S too). Both equal their runs alone.
+    let short: Vec<u32> = p[..32].iter().copied().chain([1]).collect();
+    let s = request(3, &short, 1, 4);
+    let (cached, hits) = run_in_turn(&rings, &e.backend, config(true), vec![s, a.clone(), b.clone()]);
+    assert_eq!(hits, 2, "B reuses the short sequence's cache, which A's does not replace");
+    assert_eq!((&cached[1], &cached[2]), (&whole[0], &alone[0]));
     let (alone_c, _) = run_in_turn(&*e.model, &e.backend, config(false), vec![c.clone()]);
     // At the edge: A generating 42 tokens writes 89 positions, so its rings hold 78..,
     // exactly the window C's position 80 reads (78, 79, 80): a hit. One token more and

@@ -208,19 +208,15 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
         }
         for (k, v) in theirs.metadata() {
             let cosmetic = ["general.name", "general.size_label", "general.basename", "general.version"];
-            if cosmetic.contains(&k.as_str()) || k.ends_with("add_eos_token") {
-                continue;
-            }
-            if k.ends_with("add_bos_token") && ours.get(k).is_none() {
-                assert_eq!(v, &MetaValue::Bool(false), "{folder} {k}"); // absent reads as false
+            if cosmetic.contains(&k.as_str()) {
                 continue;
             }
             assert_eq!(ours.get(k), Some(v), "{folder} {k}");
         }
         // And nothing of ours that llama.cpp's file lacks, but the local blocks' RoPE base
-        // (which its converter writes only from transformers 5's layout) and BOS flags.
+        // (which its converter writes only from transformers 5's layout).
         for (k, _) in ours.metadata() {
-            let ok = theirs.get(k).is_some() || k == "gemma3.rope.freq_base_swa" || k.ends_with("add_bos_token");
+            let ok = theirs.get(k).is_some() || k == "gemma3.rope.freq_base_swa";
             assert!(ok, "{folder}: {k} is not in llama.cpp's file");
         }
     }
@@ -305,6 +301,20 @@ fn hf_folders_quantize_like_convert_then_llama_quantize() {
     edit_json("config.json", |c| c["vocab_size"] = 400.into())(&copy);
     let err = quantize_file(&copy, &dir.path().join("x.gguf"), &opts, |_, _, _| {}).unwrap_err();
     assert!(format!("{err:#}").contains("387 token ids for a vocab_size of 400"), "{err:#}");
+    // With a tokenizer.model the converter counts its padded vocabulary, not tokenizer.json's
+    // ids: no cut, and a tokenizer.json of fewer ids does not matter.
+    let (_tmp, copy) = common::fixture_copy("tiny-gemma3-spm");
+    edit_json("tokenizer.json", |t| {
+        let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+        let drop: Vec<String> = vocab.keys().take(40).cloned().collect();
+        for k in drop {
+            vocab.remove(&k);
+        }
+    })(&copy);
+    let out = dir.path().join("spm-cut.gguf");
+    quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
+    let tokens = GgufFile::open(&out).unwrap().get("tokenizer.ggml.tokens").and_then(|t| t.as_array().map(<[_]>::len));
+    assert_eq!(tokens, Some(1028));
     for folder in ["tiny-gemma3-6", "tiny-llama"] {
         let (_tmp, copy) = common::fixture_copy(folder);
         std::fs::write(copy.join("tokenizer.model"), b"\x0a\x05ab").unwrap();
@@ -364,5 +374,65 @@ fn sentencepiece_folders_convert_to_the_same_ids() {
             n += 1;
         }
         assert!(n > 50, "{folder}: {n} cases");
+    }
+}
+
+/// Special ids, BOS/EOS/SEP flags, chat templates and normalizer flags as gguf-py's
+/// `SpecialVocab` writes them, on variants of one folder's tokenizer files
+/// (tests/fixtures/special-vocab.json, scripts/make_special_vocab_fixture.py): post-processor
+/// templates that name BOS, SEP and a trailing token other than EOS, missing and dict-form
+/// tokenizer_config entries, nested normalizers, named templates, config.json ids.
+#[test]
+fn special_tokens_as_gguf_py_finds_them() {
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(common::fixture("special-vocab.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let vocabulary = ["model", "pre", "tokens", "token_type", "merges", "scores"];
+    for case in cases.as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let (_tmp, copy) = common::fixture_copy("tiny-llama");
+        for (file, key) in
+            [("tokenizer.json", "tokenizer"), ("tokenizer_config.json", "config"), ("config.json", "model_config")]
+        {
+            let path = copy.join(file);
+            let mut data: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            for (k, v) in case[key].as_object().into_iter().flatten() {
+                data[k] = v.clone();
+            }
+            std::fs::write(&path, data.to_string()).unwrap();
+        }
+        for (rel, text) in case["files"].as_object().into_iter().flatten() {
+            let path = copy.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text.as_str().unwrap()).unwrap();
+        }
+        let out = dir.path().join(format!("{name}.gguf"));
+        let opts = QuantizeOptions { ftype: FileType::F32, pure: false, allow_requantize: false };
+        quantize_file(&copy, &out, &opts, |_, _, _| {}).unwrap();
+        let file = GgufFile::open(&out).unwrap();
+        let ours: Vec<(&String, &MetaValue)> = file
+            .metadata()
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("tokenizer.") && !vocabulary.iter().any(|v| *k == format!("tokenizer.ggml.{v}"))
+            })
+            .map(|(k, v)| (k, v))
+            .collect();
+        let expected = case["expected"].as_object().unwrap();
+        let as_meta = |v: &Value| match v {
+            Value::Bool(b) => MetaValue::Bool(*b),
+            Value::Number(n) => MetaValue::U32(n.as_u64().unwrap() as u32),
+            Value::String(s) => MetaValue::String(s.clone()),
+            Value::Array(a) => {
+                MetaValue::Array(8, a.iter().map(|s| MetaValue::String(s.as_str().unwrap().into())).collect())
+            }
+            other => panic!("{other}"),
+        };
+        for (k, v) in expected {
+            assert_eq!(file.get(k), Some(&as_meta(v)), "{name}: {k}");
+        }
+        for (k, _) in &ours {
+            assert!(expected.contains_key(k.as_str()), "{name}: {k} is not what gguf-py writes");
+        }
     }
 }

@@ -410,30 +410,38 @@ impl HfModel {
         n_vocab: Option<usize>,
         meta: &mut Vec<(String, MetaValue)>,
     ) -> anyhow::Result<()> {
-        const TYPES: [&str; 7] = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
+        let mut types = vec!["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
+        // gguf-py's dict: a flag set again keeps its place.
+        fn put(add: &mut Vec<(&'static str, bool)>, typ: &'static str, b: bool) {
+            match add.iter_mut().find(|(t, _)| *t == typ) {
+                Some(slot) => slot.1 = b,
+                None => add.push((typ, b)),
+            }
+        }
         let tj_path = self.dir.join("tokenizer.json");
         let tj = if tj_path.is_file() { Some(read_json(&tj_path)?) } else { None };
         let mut tc = tc;
         let mut ids: Vec<(&str, u32)> = Vec::new();
-        let mut add: Vec<(&str, bool)> = Vec::new();
-        let mut flags: Vec<(&str, bool)> = Vec::new();
+        let mut add: Vec<(&'static str, bool)> = Vec::new();
+        let mut flags: Vec<(&'static str, bool)> = Vec::new();
         let content = |tc: &Option<Value>, key: &str| -> Option<String> {
             let v = &tc.as_ref()?[key];
             v.as_str().or_else(|| v["content"].as_str()).map(str::to_owned)
         };
         if let Some(tj) = &tj {
-            let normalizers = match tj["normalizer"]["type"].as_str() {
-                Some("Sequence") => tj["normalizer"]["normalizers"].as_array().cloned().unwrap_or_default(),
-                _ => vec![tj["normalizer"].clone()],
-            };
-            for n in &normalizers {
+            // gguf-py's _parse_normalizer, Sequences nested to any depth.
+            let mut stack = vec![tj["normalizer"].clone()];
+            while let Some(n) = stack.pop() {
                 match n["type"].as_str() {
-                    Some("Lowercase") => flags.push(("lowercase", true)),
-                    Some("StripAccents") => flags.push(("strip_accents", true)),
+                    Some("Sequence") => {
+                        stack.extend(n["normalizers"].as_array().into_iter().flatten().rev().cloned());
+                    }
+                    Some("Lowercase") => put(&mut flags, "lowercase", true),
+                    Some("StripAccents") => put(&mut flags, "strip_accents", true),
                     Some("BertNormalizer") => {
-                        for (key, name) in [("lowercase", "lowercase"), ("strip_accents", "strip_accents")] {
+                        for key in ["lowercase", "strip_accents"] {
                             if let Some(b) = n[key].as_bool() {
-                                flags.push((name, b));
+                                put(&mut flags, key, b);
                             }
                         }
                     }
@@ -490,21 +498,31 @@ impl HfModel {
                                     cls.get_or_insert_with(|| first.clone());
                                 }
                                 let b = bos.as_ref() == Some(&first) || cls.as_ref() == Some(&first);
-                                add.retain(|(t, _)| *t != "bos");
-                                add.push(("bos", b));
+                                put(&mut add, "bos", b);
                             }
                             if let Some(last) = special(single.last()) {
                                 if tc.is_none() {
                                     eos = Some(last.clone());
+                                } else if eos.as_ref() != Some(&last) {
+                                    // As the converter: the configured EOS (if any) becomes
+                                    // EOT (or EOM), and the trailing token EOS.
+                                    let moved = if !types.contains(&"eot") {
+                                        Some("eot")
+                                    } else if !types.contains(&"eom") {
+                                        Some("eom")
+                                    } else {
+                                        None
+                                    };
+                                    if let (Some(kind), Some(t)) = (moved, tc.as_mut()) {
+                                        types.push(kind);
+                                        t[format!("{kind}_token")] = Value::from(eos.clone());
+                                    }
+                                    if let Some(t) = tc.as_mut() {
+                                        t["eos_token"] = Value::from(last.clone());
+                                    }
+                                    eos = Some(last.clone());
                                 }
-                                ensure!(
-                                    eos.as_ref() == Some(&last),
-                                    "{}: a trailing special token {last:?} other than tokenizer_config.json's EOS \
-                                     cannot be converted (the converter would move EOS to EOT or EOM)",
-                                    tj_path.display()
-                                );
-                                add.retain(|(t, _)| *t != "eos");
-                                add.push(("eos", true));
+                                put(&mut add, "eos", true);
                             }
                         }
                         let pair = p["pair"].as_array().cloned().unwrap_or_default();
@@ -527,8 +545,13 @@ impl HfModel {
                             if middle.len() == 2 && is_sep(middle.get(1)) {
                                 add_sep = true;
                             }
-                            add.retain(|(t, _)| *t != "sep");
-                            add.push(("sep", add_sep));
+                            put(&mut add, "sep", add_sep);
+                            if add_sep
+                                && sep.is_none()
+                                && let Some(t) = tc.as_mut()
+                            {
+                                t["sep_token"] = Value::from(eos.clone());
+                            }
                         }
                     }
                     Some(other) => bail!(
@@ -549,7 +572,7 @@ impl HfModel {
             }
         };
         if let Some(t) = &tc {
-            for typ in TYPES {
+            for &typ in &types {
                 if let Some(b) = t[format!("add_{typ}_token")].as_bool()
                     && !add.iter().any(|(a, _)| *a == typ)
                 {
@@ -564,9 +587,10 @@ impl HfModel {
             }
         }
         let config = read_json(&self.dir.join("config.json"))?;
-        for typ in TYPES {
+        for &typ in &types {
             let key = format!("{typ}_token_id");
-            let id = config[&key].as_u64().or_else(|| config["text_config"][&key].as_u64());
+            let v = if config[&key].is_null() { &config["text_config"][&key] } else { &config[&key] };
+            let id = v.as_u64();
             set_id(typ, id);
         }
         for (typ, id) in ids {
@@ -577,6 +601,8 @@ impl HfModel {
                 "sep" => "seperator_token_id",
                 "pad" => "padding_token_id",
                 "mask" => "mask_token_id",
+                "eot" => "eot_token_id",
+                "eom" => "eom_token_id",
                 _ => continue, // cls: the converter has no key for it
             };
             meta.push((format!("tokenizer.ggml.{key}"), MetaValue::U32(id)));
@@ -587,28 +613,69 @@ impl HfModel {
             }
         }
         if let Some(t) = &tc {
+            let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
             let jinja = self.dir.join("chat_template.jinja");
             let json = self.dir.join("chat_template.json");
             let alt = if jinja.is_file() {
-                Some(Value::String(
-                    std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?,
-                ))
+                let default = read(&jinja)?;
+                // With additional_chat_templates/*.jinja: a named list, as gguf-py reads it.
+                let mut extra = Vec::new();
+                if let Ok(dir) = std::fs::read_dir(self.dir.join("additional_chat_templates")) {
+                    for entry in dir.flatten() {
+                        let path = entry.path();
+                        if path.extension().is_some_and(|e| e == "jinja") && path.is_file() {
+                            let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                            extra.push(serde_json::json!({"name": name, "template": read(&path)?}));
+                        }
+                    }
+                }
+                if extra.is_empty() {
+                    Some(Value::String(default))
+                } else {
+                    let mut list = vec![serde_json::json!({"name": "default", "template": default})];
+                    list.extend(extra);
+                    Some(Value::Array(list))
+                }
             } else if json.is_file() {
                 Some(read_json(&json)?["chat_template"].clone())
             } else {
                 None
             };
-            let template = match t.get("chat_template").cloned().or(alt) {
-                Some(Value::String(s)) => Some(s),
-                Some(Value::Array(named)) => named
-                    .iter()
-                    .find(|t| t["name"] == "default")
-                    .and_then(|t| t["template"].as_str())
-                    .map(str::to_owned),
-                _ => None,
-            };
-            if let Some(t) = template {
-                meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(t)));
+            match t.get("chat_template").cloned().or(alt) {
+                Some(Value::String(s)) => meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(s))),
+                Some(Value::Array(named)) => {
+                    // gguf-py's add_chat_template: each named one under its (sanitized)
+                    // name, their names listed (here sorted), the default as the template.
+                    let mut names = Vec::new();
+                    let mut default = None;
+                    for choice in &named {
+                        let name: String = choice["name"]
+                            .as_str()
+                            .unwrap_or("")
+                            .chars()
+                            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                            .collect();
+                        let Some(template) = choice["template"].as_str() else { continue };
+                        if name == "default" {
+                            default = Some(template.to_owned());
+                        } else if !name.is_empty() {
+                            let key = format!("tokenizer.chat_template.{name}");
+                            meta.retain(|(k, _)| *k != key);
+                            meta.push((key, MetaValue::String(template.to_owned())));
+                            names.push(name);
+                        }
+                    }
+                    names.sort();
+                    names.dedup();
+                    if !names.is_empty() {
+                        let names = names.into_iter().map(MetaValue::String).collect();
+                        meta.push(("tokenizer.chat_templates".to_owned(), MetaValue::Array(8, names)));
+                    }
+                    if let Some(d) = default {
+                        meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(d)));
+                    }
+                }
+                _ => {}
             }
         }
         for (name, b) in flags {
@@ -759,8 +826,9 @@ impl HfModel {
         // convert_hf_to_gguf.py cuts the embedding to the tokenizer's ids but writes a token
         // list of vocab_size: a file with fewer rows than tokens, which neither llama.cpp nor
         // forge loads. Such a folder is refused rather than written so.
+        // (With a tokenizer.model the converter counts its padded vocabulary: no cut.)
         let tj = self.dir.join("tokenizer.json");
-        if tj.is_file() {
+        if tj.is_file() && !self.dir.join("tokenizer.model").is_file() {
             let root = read_json(&tj)?;
             let n = |v: &Value| v.as_object().map(|o| o.len()).or(v.as_array().map(|a| a.len())).unwrap_or(0);
             let n_real = n(&root["model"]["vocab"]) + n(&root["added_tokens"]);

@@ -89,7 +89,8 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let key = self.varint()?;
-        let at = self.base + self.pos;
+        // Where the value starts (a message's first byte, past its length).
+        let mut at = self.base + self.pos;
         let value = match key & 7 {
             0 => Value::Varint(self.varint()?),
             1 => {
@@ -99,6 +100,7 @@ impl<'a> Reader<'a> {
             2 => {
                 let n = self.varint()?;
                 let n = usize::try_from(n).map_err(|_| self.err("length does not fit in memory"))?;
+                at = self.base + self.pos;
                 Value::Bytes(self.take(n)?)
             }
             5 => {

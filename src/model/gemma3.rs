@@ -219,8 +219,8 @@ impl Gemma3Config {
         Ok(c)
     }
 
-    /// A GGUF file of `general.architecture` `gemma3`, with llama.cpp's fixed choices:
-    /// local RoPE base 10 000, five local blocks of six.
+    /// A GGUF file of `general.architecture` `gemma3`, with llama.cpp's defaults where the
+    /// file is silent: local RoPE base 10 000, five local blocks of six.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, String> {
         let arch = f.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
         if arch != "gemma3" {
@@ -577,7 +577,7 @@ mod tests {
     #[test]
     fn gguf_window_patterns() {
         use crate::loaders::gguf_write::{GgufPlan, GgufWriter};
-        let config = |extra: &[(&str, MetaValue)]| {
+        let config = |extra: &[(&str, Option<MetaValue>)]| {
             let mut plan = GgufPlan::default();
             plan.set("general.architecture", MetaValue::String("gemma3".into()));
             for (k, v) in [
@@ -593,22 +593,30 @@ mod tests {
             }
             plan.set("tokenizer.ggml.tokens", MetaValue::Array(8, vec![MetaValue::String("a".into()); 5]));
             for (k, v) in extra {
-                plan.set(&format!("gemma3.attention.{k}"), v.clone());
+                match v {
+                    Some(v) => plan.set(&format!("gemma3.attention.{k}"), v.clone()),
+                    None => plan.remove(&format!("gemma3.attention.{k}")),
+                }
             }
             let bytes = GgufWriter::new(Vec::new(), plan).unwrap().finish().unwrap();
             Gemma3Config::from_gguf(&GgufFile::from_bytes("mem", bytes).unwrap())
         };
         let globals = |c: Gemma3Config| (0..c.n_layer).filter(|&i| !c.local[i]).collect::<Vec<_>>();
         assert_eq!(globals(config(&[]).unwrap()), [5]);
-        assert_eq!(globals(config(&[("sliding_window_pattern", MetaValue::U32(3))]).unwrap()), [2, 5]);
+        assert_eq!(globals(config(&[("sliding_window_pattern", Some(MetaValue::U32(3)))]).unwrap()), [2, 5]);
         let flags = [1u8, 0, 0, 1, 1, 0, 1].map(|b| MetaValue::Bool(b == 1)).to_vec();
-        let c = config(&[("sliding_window_pattern", MetaValue::Array(7, flags.clone()))]).unwrap();
+        let c = config(&[("sliding_window_pattern", Some(MetaValue::Array(7, flags.clone())))]).unwrap();
         assert_eq!((globals(c.clone()), c.sliding_window), (vec![1, 2, 5], 4));
-        let c = config(&[("sliding_window", MetaValue::U32(0))]).unwrap();
-        assert_eq!((globals(c.clone()).len(), c.sliding_window), (7, 64));
-        let err = config(&[("sliding_window_pattern", MetaValue::Array(7, flags[..6].to_vec()))]).unwrap_err();
+        for window in [Some(MetaValue::U32(0)), None] {
+            let c = config(&[("sliding_window", window)]).unwrap();
+            assert_eq!((globals(c.clone()).len(), c.sliding_window), (7, 64));
+        }
+        // Period 0: every block local, as llama.cpp's set_swa_pattern has it.
+        let c = config(&[("sliding_window_pattern", Some(MetaValue::U32(0)))]).unwrap();
+        assert!(c.local.iter().all(|&l| l));
+        let err = config(&[("sliding_window_pattern", Some(MetaValue::Array(7, flags[..6].to_vec())))]).unwrap_err();
         assert!(err.contains("6 entries for 7 blocks"), "{err}");
-        let err = config(&[("sliding_window_pattern", MetaValue::F32(6.0))]).unwrap_err();
+        let err = config(&[("sliding_window_pattern", Some(MetaValue::F32(6.0)))]).unwrap_err();
         assert!(err.contains("not a period"), "{err}");
     }
 
