@@ -96,7 +96,7 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             seed,
         };
-        sampling.validate().map_err(anyhow::Error::msg)?;
+        sampling.validate()?;
         Ok(sampling)
     }
 }

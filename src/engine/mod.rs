@@ -440,7 +440,7 @@ fn run_request<B: Backend>(
     if budget == 0 {
         return Ok(generation);
     }
-    params.sampling.validate().map_err(anyhow::Error::msg)?;
+    params.sampling.validate()?;
     let mut request = Request::new(ONLY_REQUEST, prompt_ids.to_vec(), budget, params.sampling.clone());
     request.logprobs = params.logprobs;
     request.ignore_eos = params.ignore_eos;

@@ -70,23 +70,18 @@ impl SamplingParams {
         }
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("temperature must be a finite number >= 0 (0 = greedy), got {}", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min-p must be in [0, 1] (0 = off), got {}", self.min_p));
-        }
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return Err(format!("repeat-penalty must be a finite number > 0 (1 = off), got {}", self.repeat_penalty));
-        }
-        for (name, v) in [("presence-penalty", self.presence_penalty), ("frequency-penalty", self.frequency_penalty)] {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(format!("{name} must be in [-2, 2] (0 = off), got {v}"));
-            }
+    /// Every field within its range, the same for the CLI and the API.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        use SamplingField as F;
+        let check = |ok: bool, field, rule, got: f64| if ok { Ok(()) } else { Err(SamplingError { field, rule, got }) };
+        let t = self.temperature;
+        check(t.is_finite() && (0.0..=100.0).contains(&t), F::Temperature, "in [0, 100] (0 = greedy)", t.into())?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, F::TopP, "in (0, 1] (1 = off)", self.top_p.into())?;
+        check((0.0..=1.0).contains(&self.min_p), F::MinP, "in [0, 1] (0 = off)", self.min_p.into())?;
+        let r = self.repeat_penalty;
+        check(r > 0.0 && r <= 100.0, F::RepeatPenalty, "in (0, 100] (1 = off)", r.into())?;
+        for (field, v) in [(F::PresencePenalty, self.presence_penalty), (F::FrequencyPenalty, self.frequency_penalty)] {
+            check((-2.0..=2.0).contains(&v), field, "in [-2, 2] (0 = off)", v.into())?;
         }
         Ok(())
     }
@@ -109,6 +104,65 @@ impl SamplingParams {
     /// the device (greedy, no penalty).
     pub fn is_argmax(&self) -> bool {
         (self.is_greedy() || self.top_k == 1) && !self.penalizes()
+    }
+}
+
+/// A sampling parameter, named as the CLI's flag and the API's field name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SamplingField {
+    Temperature,
+    TopK,
+    TopP,
+    MinP,
+    RepeatPenalty,
+    RepeatLastN,
+    PresencePenalty,
+    FrequencyPenalty,
+}
+
+impl SamplingField {
+    /// The CLI's flag, without its dashes (`top-p`).
+    pub fn flag(self) -> &'static str {
+        match self {
+            SamplingField::Temperature => "temperature",
+            SamplingField::TopK => "top-k",
+            SamplingField::TopP => "top-p",
+            SamplingField::MinP => "min-p",
+            SamplingField::RepeatPenalty => "repeat-penalty",
+            SamplingField::RepeatLastN => "repeat-last-n",
+            SamplingField::PresencePenalty => "presence-penalty",
+            SamplingField::FrequencyPenalty => "frequency-penalty",
+        }
+    }
+
+    /// The API's field (`top_p`).
+    pub fn api_name(self) -> &'static str {
+        match self {
+            SamplingField::Temperature => "temperature",
+            SamplingField::TopK => "top_k",
+            SamplingField::TopP => "top_p",
+            SamplingField::MinP => "min_p",
+            SamplingField::RepeatPenalty => "repeat_penalty",
+            SamplingField::RepeatLastN => "repeat_last_n",
+            SamplingField::PresencePenalty => "presence_penalty",
+            SamplingField::FrequencyPenalty => "frequency_penalty",
+        }
+    }
+}
+
+/// A sampling parameter outside its range; shown with the CLI's flag name, and the API
+/// answers with [`SamplingError::api_message`] and the field's API name.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{} must be {rule}, got {got}", field.flag())]
+pub struct SamplingError {
+    pub field: SamplingField,
+    pub rule: &'static str,
+    pub got: f64,
+}
+
+impl SamplingError {
+    pub fn api_message(&self) -> String {
+        format!("{} must be {}, got {}", self.field.api_name(), self.rule, self.got)
     }
 }
 
@@ -170,7 +224,7 @@ pub fn penalize(logit: f32, penalty: f32) -> f32 {
 }
 
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Result<Self, String> {
+    pub fn new(params: SamplingParams) -> Result<Self, SamplingError> {
         params.validate()?;
         Ok(Sampler {
             rng: Rng::new(params.seed),

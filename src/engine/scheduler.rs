@@ -951,7 +951,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let mut sampler = match Sampler::new(req.sampling.clone()) {
                 Ok(s) => s,
                 Err(e) => {
-                    out.push((req.id, Event::Failed(e)));
+                    out.push((req.id, Event::Failed(e.to_string())));
                     continue;
                 }
             };

@@ -139,6 +139,9 @@ pub(super) struct GenRequest {
     pub(super) min_p: Option<f64>,
     #[serde(default)]
     pub(super) repeat_penalty: Option<f64>,
+    /// How many recent tokens the repeat penalty considers: 0 = off, -1 = the context.
+    #[serde(default)]
+    pub(super) repeat_last_n: Option<i64>,
     #[serde(default)]
     pub(super) seed: Option<i64>,
     #[serde(default)]

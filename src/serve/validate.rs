@@ -290,13 +290,24 @@ pub(super) fn check_common(
     }
     // Unset fields take the defaults the CLI has (llama.cpp's, as llama-server's API).
     let d = SamplingParams::default();
-    let temperature =
-        number(r.temperature, "temperature", d.temperature.into(), |x| (0.0..=100.0).contains(&x), "in [0, 100]")?;
-    let top_p = number(r.top_p, "top_p", d.top_p.into(), |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
-    let min_p = number(r.min_p, "min_p", d.min_p.into(), |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
-    let repeat = number(r.repeat_penalty, "repeat_penalty", 1.0, |x| x > 0.0 && x <= 100.0, "in (0, 100]")?;
-    let presence = number(r.presence_penalty, "presence_penalty", 0.0, |x| (-2.0..=2.0).contains(&x), "in [-2, 2]")?;
-    let frequency = number(r.frequency_penalty, "frequency_penalty", 0.0, |x| (-2.0..=2.0).contains(&x), "in [-2, 2]")?;
+    // Finite numbers here; their ranges are the CLI's (SamplingParams::validate).
+    let finite = |_: f64| true;
+    let temperature = number(r.temperature, "temperature", d.temperature.into(), finite, "finite")?;
+    let top_p = number(r.top_p, "top_p", d.top_p.into(), finite, "finite")?;
+    let min_p = number(r.min_p, "min_p", d.min_p.into(), finite, "finite")?;
+    let repeat = number(r.repeat_penalty, "repeat_penalty", d.repeat_penalty.into(), finite, "finite")?;
+    let presence = number(r.presence_penalty, "presence_penalty", d.presence_penalty.into(), finite, "finite")?;
+    let frequency = number(r.frequency_penalty, "frequency_penalty", d.frequency_penalty.into(), finite, "finite")?;
+    // llama-server's field: 0 = off, -1 = the whole context.
+    let repeat_last_n = match r.repeat_last_n {
+        None => d.repeat_last_n,
+        Some(-1) => n_ctx,
+        Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        Some(n) => {
+            let e = format!("repeat_last_n must be >= -1 (0 = off, -1 = the whole context), got {n}");
+            return Err(ApiError::bad("repeat_last_n", e));
+        }
+    };
     let top_k = match r.top_k {
         None => d.top_k.min(l.info.vocab_size),
         Some(k) if k >= 0 => k.min(l.info.vocab_size as i64) as usize,
@@ -322,12 +333,12 @@ pub(super) fn check_common(
         top_p: top_p as f32,
         min_p: min_p as f32,
         repeat_penalty: repeat as f32,
-        repeat_last_n: d.repeat_last_n,
+        repeat_last_n,
         presence_penalty: presence as f32,
         frequency_penalty: frequency as f32,
         seed,
     };
-    sampling.validate().map_err(|e| ApiError::bad("temperature", e))?;
+    sampling.validate().map_err(|e| ApiError::bad(e.field.api_name(), e.api_message()))?;
     Ok(Checked {
         prompt,
         max_tokens,
