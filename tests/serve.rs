@@ -775,6 +775,10 @@ fn invalid_requests_are_clear_errors() {
         ("/v1/completions", r#"{"prompt": "x", "top_p": 0}"#, "top_p"),
         ("/v1/completions", r#"{"prompt": "x", "top_p": 1.5}"#, "top_p"),
         ("/v1/completions", r#"{"prompt": "x", "top_k": -2}"#, "top_k"),
+        ("/v1/completions", r#"{"prompt": "x", "temperature": 101}"#, "temperature"),
+        ("/v1/completions", r#"{"prompt": "x", "min_p": 2}"#, "min_p"),
+        ("/v1/completions", r#"{"prompt": "x", "repeat_penalty": 0}"#, "repeat_penalty"),
+        ("/v1/completions", r#"{"prompt": "x", "repeat_last_n": -2}"#, "repeat_last_n"),
         // Output constraints that cannot be enforced are refused, never ignored.
         ("/v1/completions", r#"{"prompt": "x", "response_format": {"type": "yaml"}}"#, "response_format"),
         (
@@ -871,6 +875,20 @@ fn invalid_requests_are_clear_errors() {
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
         assert!(!v["error"]["message"].as_str().unwrap().is_empty());
     }
+    // repeat_last_n is read: a strong repeat penalty over no tokens changes nothing, over
+    // the default 64 it does.
+    let text = |extra: Value| {
+        let mut body = json!({"prompt": "the the the the", "max_tokens": 12, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (code, v) = s.post_raw("/v1/completions", &body.to_string(), None);
+        assert_eq!(code, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    let plain = text(json!({}));
+    assert_eq!(text(json!({"repeat_penalty": 5.0, "repeat_last_n": 0})), plain);
+    assert_ne!(text(json!({"repeat_penalty": 5.0})), plain);
     // `text` is no constraint: answered as usual.
     let (code, v) = s.post_raw(
         "/v1/completions",

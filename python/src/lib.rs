@@ -127,7 +127,7 @@ fn request(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Request> {
             }
         }
     }
-    sampling.validate().map_err(PyValueError::new_err)?;
+    sampling.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
     params.sampling = sampling;
     Ok(Request { params, stop })
 }
