@@ -11,7 +11,6 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{InferenceCapabilities, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
@@ -80,6 +79,26 @@ impl TokenizerEnv for Vocab {
     }
 }
 
+/// What goes wrong with a constraint: the caller's (it cannot be compiled or enforced),
+/// the model's (no token ends generation), or the matcher's while generating.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum GrammarError {
+    /// The constraint cannot be compiled, or the library could not enforce it.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("structured output needs an end-of-generation token, and this model has none")]
+    NoEndToken,
+    /// llguidance could not be set up for this vocabulary.
+    #[error("llguidance: {0}")]
+    Setup(String),
+    #[error("the output constraint failed: {0}")]
+    Failed(String),
+    #[error("the output constraint rejected token {token}: {message}")]
+    Rejected { token: u32, message: String },
+    #[error("the output constraint allows no token here")]
+    NothingAllowed,
+}
+
 /// Compiles constraints for one model (its vocabulary and end-of-generation tokens);
 /// built once per model, shared by every request.
 pub struct Grammars {
@@ -92,11 +111,9 @@ impl Grammars {
     /// `vocab` is the model's output width (at least the tokenizer's size; ids past the
     /// tokenizer's are never allowed); `end_of_generation` the tokens that end a
     /// sequence, allowed where the constraint is complete.
-    pub fn new(tokenizer: &Tokenizer, vocab: usize, end_of_generation: &[u32]) -> anyhow::Result<Self> {
+    pub fn new(tokenizer: &Tokenizer, vocab: usize, end_of_generation: &[u32]) -> Result<Self, GrammarError> {
         let eos: Vec<u32> = end_of_generation.iter().copied().filter(|&t| (t as usize) < vocab).collect();
-        let Some(&first) = eos.first() else {
-            bail!("structured output needs an end-of-generation token, and this model has none")
-        };
+        let Some(&first) = eos.first() else { return Err(GrammarError::NoEndToken) };
         let words: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| match tokenizer.token_bytes(id) {
                 Ok(b) if tokenizer.is_special(id) || eos.contains(&id) => {
@@ -113,13 +130,17 @@ impl Grammars {
         let env: TokEnv = Arc::new(Vocab { trie });
         let caps = InferenceCapabilities::default();
         let slices = llguidance::earley::SlicedBiasComputer::general_slices();
-        let mut factory = ParserFactory::new(&env, caps, &slices).context("llguidance")?;
+        let mut factory = ParserFactory::new(&env, caps, &slices).map_err(|e| GrammarError::Setup(format!("{e:#}")))?;
         factory.quiet();
         Ok(Grammars { factory, vocab, end_of_generation: eos.into() })
     }
 
     /// Compile `spec`; an error says what the library could not enforce.
-    pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, String> {
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint, GrammarError> {
+        self.compile_inner(spec).map_err(GrammarError::Invalid)
+    }
+
+    fn compile_inner(&self, spec: &GrammarSpec) -> Result<Constraint, String> {
         let grammar = match spec {
             GrammarSpec::JsonSchema(schema) => {
                 if !schema.is_object() && !schema.is_boolean() {
@@ -194,8 +215,8 @@ pub struct Mask(llguidance::toktrie::SimpleVob);
 
 impl Constraint {
     /// The tokens allowed next (only end-of-generation once the output is complete).
-    pub fn mask(&mut self) -> Result<Mask, String> {
-        self.matcher.compute_mask_or_eos().map(Mask).map_err(|e| format!("the output constraint failed: {e}"))
+    pub fn mask(&mut self) -> Result<Mask, GrammarError> {
+        self.matcher.compute_mask_or_eos().map(Mask).map_err(|e| GrammarError::Failed(e.to_string()))
     }
 
     /// Set the logit of every token `mask` does not allow to −∞. Whether any is left.
@@ -222,8 +243,8 @@ impl Constraint {
     }
 
     /// Advance past `token` (not an end-of-generation token).
-    pub fn accept(&mut self, token: u32) -> Result<(), String> {
-        self.matcher.consume_token(token).map_err(|e| format!("the output constraint rejected token {token}: {e}"))
+    pub fn accept(&mut self, token: u32) -> Result<(), GrammarError> {
+        self.matcher.consume_token(token).map_err(|e| GrammarError::Rejected { token, message: e.to_string() })
     }
 
     /// Whether the output is complete: only an end of generation may follow.

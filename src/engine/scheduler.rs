@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::grammar::{Constraint, Mask};
+use super::grammar::{Constraint, GrammarError, Mask};
 use super::logprobs::token_logprobs;
 use super::metrics::{Gauges, Metrics};
 use super::prefix_cache::PrefixCache;
@@ -314,7 +314,7 @@ pub struct Scheduler<'m, B: Backend> {
     running_ids: Vec<u64>,
     /// The mask of each member's first pick this step, for constrained sequences
     /// (computed while the forward runs).
-    masks: Vec<Option<Result<Mask, String>>>,
+    masks: Vec<Option<Result<Mask, GrammarError>>>,
 }
 
 impl<'m, B: Backend> Scheduler<'m, B> {
@@ -748,15 +748,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                                 Some(c) => {
                                     let mask = if j == 0 { self.masks[k].take() } else { None };
                                     mask.unwrap_or_else(|| c.mask()).and_then(|m| {
-                                        if c.apply(&m, logits) {
-                                            Ok(())
-                                        } else {
-                                            Err("the output constraint allows no token here".to_owned())
-                                        }
+                                        if c.apply(&m, logits) { Ok(()) } else { Err(GrammarError::NothingAllowed) }
                                     })
                                 }
                             };
-                            allowed.map(|()| {
+                            allowed.map_err(|e| e.to_string()).map(|()| {
                                 let id = seq.sampler.sample(logits);
                                 (id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n)))
                             })
@@ -788,7 +784,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                     break;
                 }
                 if let Some(Err(e)) = seq.constraint.as_mut().map(|c| c.accept(token)) {
-                    out.push((id, Event::Failed(e)));
+                    out.push((id, Event::Failed(e.to_string())));
                     self.finished.push((i, None));
                     break;
                 }

@@ -68,7 +68,7 @@ pub struct Loaded {
     pub scheduler: SchedulerConfig,
     pub jobs: std::sync::mpsc::Sender<Job>,
     /// Compiles structured-output constraints for this model (or why it cannot).
-    pub grammars: Result<crate::engine::grammar::Grammars, String>,
+    pub grammars: Result<crate::engine::grammar::Grammars, crate::engine::grammar::GrammarError>,
 }
 
 /// State shared by the HTTP handlers and the scheduler thread.
@@ -115,8 +115,7 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     cfg.batch_tokens = cfg.batch_tokens.max(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let grammars = crate::engine::grammar::Grammars::new(&text.tokenizer, info.vocab_size, &text.end_of_generation)
-        .map_err(|e| format!("{e:#}"));
+    let grammars = crate::engine::grammar::Grammars::new(&text.tokenizer, info.vocab_size, &text.end_of_generation);
     let end_of_generation = text.end_of_generation.clone();
     let scheduler = cfg.clone();
     let loaded = Loaded { text, info, created, scheduler, jobs: tx, grammars };

@@ -176,7 +176,7 @@ pub(super) fn constraint_of(r: &GenRequest, l: &Loaded) -> Result<Option<Constra
             return Err(ApiError::bad(asked[1].0, format!("give one output constraint, got {}", names.join(" and "))));
         }
     };
-    let grammars = l.grammars.as_ref().map_err(|e| ApiError::bad(name, e.clone()))?;
+    let grammars = l.grammars.as_ref().map_err(|e| ApiError::bad(name, e.to_string()))?;
     grammars.compile(&spec).map(Some).map_err(|e| ApiError::bad(name, format!("{name} cannot be enforced: {e}")))
 }
 
