@@ -504,6 +504,24 @@ impl<B: Backend> Gemma3<B> {
     }
 }
 
+impl<B: Backend> crate::model::Architecture<B> for Gemma3<B> {
+    type Config = Gemma3Config;
+    const GGUF_NAMES: &'static [&'static str] = &["gemma3"];
+    const HF_MODEL_TYPES: &'static [&'static str] = &["gemma3_text"];
+
+    fn config_from_hf(json: &str) -> Result<Gemma3Config, String> {
+        Gemma3Config::from_hf_json(json)
+    }
+
+    fn config_from_gguf(file: &crate::loaders::gguf::GgufFile) -> Result<Gemma3Config, String> {
+        Gemma3Config::from_gguf(file)
+    }
+
+    fn load(backend: &B, config: Gemma3Config, weights: &Weights) -> anyhow::Result<Self> {
+        Gemma3::load(backend, config, weights)
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Gemma3<B> {
     fn info(&self) -> &ModelInfo {
         &self.info

@@ -166,6 +166,24 @@ impl<B: Backend> Gpt2<B> {
     }
 }
 
+impl<B: Backend> crate::model::Architecture<B> for Gpt2<B> {
+    type Config = Gpt2Config;
+    const GGUF_NAMES: &'static [&'static str] = &["gpt2"];
+    const HF_MODEL_TYPES: &'static [&'static str] = &["gpt2"];
+
+    fn config_from_hf(json: &str) -> Result<Gpt2Config, String> {
+        Gpt2Config::from_json(json)
+    }
+
+    fn config_from_gguf(file: &crate::loaders::gguf::GgufFile) -> Result<Gpt2Config, String> {
+        Gpt2Config::from_gguf(file)
+    }
+
+    fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> anyhow::Result<Self> {
+        Gpt2::load(backend, config, weights)
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Gpt2<B> {
     fn info(&self) -> &ModelInfo {
         &self.info

@@ -224,6 +224,24 @@ impl<B: Backend> Llama<B> {
     }
 }
 
+impl<B: Backend> crate::model::Architecture<B> for Llama<B> {
+    type Config = LlamaConfig;
+    const GGUF_NAMES: &'static [&'static str] = &["llama", "qwen2", "qwen3"];
+    const HF_MODEL_TYPES: &'static [&'static str] = &["llama", "qwen2", "qwen3"];
+
+    fn config_from_hf(json: &str) -> Result<LlamaConfig, String> {
+        LlamaConfig::from_hf_json(json)
+    }
+
+    fn config_from_gguf(file: &crate::loaders::gguf::GgufFile) -> Result<LlamaConfig, String> {
+        LlamaConfig::from_gguf(file)
+    }
+
+    fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> anyhow::Result<Self> {
+        Llama::load(backend, config, weights)
+    }
+}
+
 impl<B: Backend> CausalLm<B> for Llama<B> {
     fn info(&self) -> &ModelInfo {
         &self.info

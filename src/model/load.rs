@@ -10,14 +10,59 @@ use crate::backend::Backend;
 use crate::chat::{ChatTemplate, Message};
 use crate::loaders::gguf::GgufFile;
 pub use crate::loaders::is_gguf;
-use crate::loaders::{Gpt2Config, LlamaConfig, WeightStore, Weights};
-use crate::model::gemma3::Gemma3Config;
-use crate::model::{CausalLm, Gemma3, Gpt2, Llama};
+use crate::loaders::{WeightStore, Weights};
+use crate::model::{Architecture, CausalLm, Gemma3, Gpt2, Llama};
 use crate::tokenizer::Tokenizer;
 
-/// The architectures this engine runs, as GGUF's `general.architecture` names them (HF's
-/// `model_type` is the same but for Gemma 3's `gemma3_text`).
-pub const ARCHITECTURES: [&str; 5] = ["gpt2", "llama", "qwen2", "qwen3", "gemma3"];
+/// One architecture as the loader sees it (see [`Architecture`]).
+pub struct Entry<B: Backend> {
+    pub gguf_names: &'static [&'static str],
+    pub hf_model_types: &'static [&'static str],
+    from_hf: fn(&B, &str, Weights) -> Built<B>,
+    from_gguf: fn(&B, Weights) -> Built<B>,
+}
+
+/// A loaded model, or where loading it failed.
+type Built<B> = Result<Box<dyn CausalLm<B>>, LoadStep>;
+
+/// Where loading failed: reading the config, or loading the weights.
+enum LoadStep {
+    Config(String),
+    Weights(anyhow::Error),
+}
+
+fn entry<B: Backend, A: Architecture<B>>() -> Entry<B> {
+    fn boxed<B: Backend, A: Architecture<B>>(
+        backend: &B,
+        config: Result<A::Config, String>,
+        weights: &Weights,
+    ) -> Built<B> {
+        let config = config.map_err(LoadStep::Config)?;
+        Ok(Box::new(A::load(backend, config, weights).map_err(LoadStep::Weights)?))
+    }
+    Entry {
+        gguf_names: A::GGUF_NAMES,
+        hf_model_types: A::HF_MODEL_TYPES,
+        from_hf: |backend, json, weights| boxed::<B, A>(backend, A::config_from_hf(json), &weights),
+        from_gguf: |backend, weights| {
+            let config = match &weights {
+                Weights::Gguf(file) => A::config_from_gguf(file),
+                Weights::Safetensors(_) => Err("not a GGUF file".into()),
+            };
+            boxed::<B, A>(backend, config, &weights)
+        },
+    }
+}
+
+/// Every architecture this engine runs: adding one is one line here (and its file).
+pub fn registry<B: Backend>() -> [Entry<B>; 3] {
+    [entry::<B, Gpt2<B>>(), entry::<B, Llama<B>>(), entry::<B, Gemma3<B>>()]
+}
+
+/// The GGUF architecture names the registry runs, for messages.
+pub fn architectures<B: Backend>() -> Vec<&'static str> {
+    registry::<B>().iter().flat_map(|e| e.gguf_names.iter().copied()).collect()
+}
 
 /// A model with what comes with it in its files.
 pub struct Loaded<B: Backend> {
@@ -100,33 +145,23 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
     let model_type = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("model_type").and_then(|t| t.as_str()).map(str::to_owned));
-    let bad = |e: String| anyhow::anyhow!("{}: {e}", config_path.display());
-    let loading = || format!("loading weights from {}", path.display());
-    let model: Box<dyn CausalLm<B>> = match model_type.as_deref() {
-        // GPT-2 configs from old exports may lack model_type.
-        Some("gpt2") | None => {
-            let config = Gpt2Config::from_json(&text).map_err(bad)?;
-            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
-            let _progress = weights.show_progress(path);
-            Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
-        }
-        Some("llama" | "qwen2" | "qwen3") => {
-            let config = LlamaConfig::from_hf_json(&text).map_err(bad)?;
-            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
-            let _progress = weights.show_progress(path);
-            Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
-        }
-        Some("gemma3_text") => {
-            let config = Gemma3Config::from_hf_json(&text).map_err(bad)?;
-            let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
-            let _progress = weights.show_progress(path);
-            Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
-        }
-        Some(other) => bail!(
-            "{}: model_type {other:?} is not supported (supported: gpt2, llama, qwen2, qwen3, gemma3_text)",
+    // GPT-2 configs from old exports may lack model_type.
+    let model_type = model_type.unwrap_or_else(|| "gpt2".to_owned());
+    let registry = registry::<B>();
+    let Some(arch) = registry.iter().find(|e| e.hf_model_types.contains(&model_type.as_str())) else {
+        let known: Vec<&str> = registry.iter().flat_map(|e| e.hf_model_types.iter().copied()).collect();
+        bail!(
+            "{}: model_type {model_type:?} is not supported (supported: {})",
             config_path.display(),
-        ),
+            known.join(", ")
+        );
     };
+    let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+    let _progress = weights.show_progress(path);
+    let model = (arch.from_hf)(backend, &text, weights).map_err(|e| match e {
+        LoadStep::Config(e) => anyhow::anyhow!("{}: {e}", config_path.display()),
+        LoadStep::Weights(e) => e.context(format!("loading weights from {}", path.display())),
+    })?;
     let tokenizer = Tokenizer::from_dir(path)?;
     let chat_template = ChatTemplate::from_dir(path).with_context(|| format!("{}: chat template", path.display()));
     finish(model, tokenizer, chat_template, &[])
@@ -135,18 +170,17 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
 fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
     let file = GgufFile::open(path)?;
     let arch = file.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("").to_owned();
-    if !ARCHITECTURES.contains(&arch.as_str()) {
+    let registry = registry::<B>();
+    let Some(entry) = registry.iter().find(|e| e.gguf_names.contains(&arch.as_str())) else {
         match arch.as_str() {
             "" => bail!("{}: no general.architecture in the metadata", path.display()),
-            other => {
-                bail!(
-                    "{}: GGUF architecture {other:?} is not supported (supported: {})",
-                    path.display(),
-                    ARCHITECTURES.join(", ")
-                )
-            }
+            other => bail!(
+                "{}: GGUF architecture {other:?} is not supported (supported: {})",
+                path.display(),
+                architectures::<B>().join(", ")
+            ),
         }
-    }
+    };
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
         .with_context(|| format!("{}: tokenizer.chat_template", path.display()));
@@ -154,28 +188,12 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };
     let extra_eog: Vec<u32> = ["eot_token_id", "eom_token_id"].iter().filter_map(|k| token_id(k)).collect();
-    let bad_config = |e: String| anyhow::anyhow!("{}: {e}", path.display());
-    let loading = || format!("loading weights from {}", path.display());
-    let model: Box<dyn CausalLm<B>> = match arch.as_str() {
-        "gpt2" => {
-            let config = Gpt2Config::from_gguf(&file).map_err(bad_config)?;
-            let weights = Weights::Gguf(file);
-            let _progress = weights.show_progress(path);
-            Box::new(Gpt2::load(backend, config, &weights).with_context(loading)?)
-        }
-        "gemma3" => {
-            let config = Gemma3Config::from_gguf(&file).map_err(bad_config)?;
-            let weights = Weights::Gguf(file);
-            let _progress = weights.show_progress(path);
-            Box::new(Gemma3::load(backend, config, &weights).with_context(loading)?)
-        }
-        _ => {
-            let config = LlamaConfig::from_gguf(&file).map_err(bad_config)?;
-            let weights = Weights::Gguf(file);
-            let _progress = weights.show_progress(path);
-            Box::new(Llama::load(backend, config, &weights).with_context(loading)?)
-        }
-    };
+    let weights = Weights::Gguf(file);
+    let _progress = weights.show_progress(path);
+    let model = (entry.from_gguf)(backend, weights).map_err(|e| match e {
+        LoadStep::Config(e) => anyhow::anyhow!("{}: {e}", path.display()),
+        LoadStep::Weights(e) => e.context(format!("loading weights from {}", path.display())),
+    })?;
     finish(model, tokenizer, chat_template, &extra_eog)
 }
 

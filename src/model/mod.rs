@@ -84,6 +84,20 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// What the loader needs of an architecture: the names its files give it, its config
+/// from each kind of file, and its weights loaded over a backend. Each architecture file
+/// implements it; [`load::registry`] lists them, once.
+pub trait Architecture<B: Backend>: CausalLm<B> + Sized + 'static {
+    type Config;
+    /// GGUF `general.architecture` values.
+    const GGUF_NAMES: &'static [&'static str];
+    /// HF `config.json` `model_type` values.
+    const HF_MODEL_TYPES: &'static [&'static str];
+    fn config_from_hf(json: &str) -> Result<Self::Config, String>;
+    fn config_from_gguf(file: &crate::loaders::gguf::GgufFile) -> Result<Self::Config, String>;
+    fn load(backend: &B, config: Self::Config, weights: &crate::loaders::Weights) -> anyhow::Result<Self>;
+}
+
 /// A causal language model over backend `B`: the engine's whole view of a model.
 pub trait CausalLm<B: Backend>: Send + Sync {
     fn info(&self) -> &ModelInfo;
