@@ -343,9 +343,10 @@ fn have_gpu() -> bool {
 }
 
 /// `--backend both` prints one row per step with the logit difference and agrees: on
-/// GPT-2 (its folder, and GGUFs that `forge quantize` writes: Q8_0, Q4_0), and on
-/// quantized Llama GGUFs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose blocks
-/// the gpu decodes in its kernels, against the cpu's f32 path over the same decoded values.
+/// GPT-2 (its folder, and GGUFs that `forge quantize` writes: Q8_0, Q4_0), on quantized
+/// Llama GGUFs (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), whose blocks the gpu
+/// decodes in its kernels, against the cpu's f32 path over the same decoded values, and on
+/// every other architecture: Gemma 3, Qwen 2 and 3, Llama 3's RoPE scaling.
 #[cfg(feature = "gpu")]
 #[test]
 fn generate_lockstep_cpu_and_gpu() {
@@ -372,6 +373,12 @@ fn generate_lockstep_cpu_and_gpu() {
         fixture("tiny-llama-k").join("tiny-llama-k.q4_k.gguf"),
         fixture("tiny-llama-k").join("tiny-llama-k.q5_k.gguf"),
         fixture("tiny-llama-k").join("tiny-llama-k.q6_k.gguf"),
+        // Gemma 3 (sliding windows, its SentencePiece file too), Qwen 2/3, Llama 3 scaling.
+        fixture("tiny-gemma3"),
+        fixture("tiny-gemma3-spm").join("tiny-gemma3-spm.f32.gguf"),
+        fixture("tiny-qwen2"),
+        fixture("tiny-qwen3"),
+        fixture("tiny-llama3"),
     ];
     for model in models {
         let m = model.to_str().unwrap();
@@ -963,6 +970,16 @@ fn bench_validates_first_and_writes_json_and_csv() {
     assert_eq!((rows[0][col], rows[1][col]), ("\"pp8\"", "\"tg2\""));
     let o = forge(&["bench", "-m", m, "-p", "8", "-n", "0", "-r", "1"]);
     assert!(stdout(&o).contains("| tiny-gpt2 | ") && !stdout(&o).contains(m), "{}", stdout(&o));
+    // Every architecture benches (Gemma 3's windows, Qwen 3's norms, a SentencePiece file),
+    // --npl too.
+    for model in [fixture("tiny-gemma3"), fixture("tiny-qwen3"), fixture("tiny-gemma3-spm/tiny-gemma3-spm.f32.gguf")] {
+        let m = model.to_str().unwrap();
+        let o = forge(&["bench", "-m", m, "-p", "8", "-n", "4", "-r", "1", "--npl", "1,3", "-o", "json"]);
+        let rows: Value = json_out(&o);
+        let tests: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["test"].as_str().unwrap()).collect();
+        assert!(tests.contains(&"pp8") && tests.iter().filter(|t| t.starts_with("tg4")).count() >= 2, "{m}: {tests:?}");
+        assert!(rows.as_array().unwrap().iter().all(|r| r["avg_ts"].as_f64().unwrap() > 0.0), "{m}: {rows}");
+    }
 }
 
 /// `bench -f FILE` times tg after a real prompt (llama-bench's depth), with n-gram drafts

@@ -420,6 +420,20 @@ fn smollm2_chats() {
     let cached: Vec<&str> = err.lines().filter(|l| l.contains("cached")).collect();
     assert_eq!(cached.len(), 2, "{err}");
     assert!(cached[0].contains("(0 cached)") && !cached[1].contains("(0 cached)"), "{err}");
+    // --stop ends a reply where the string first appears, as the API's `stop` does; the
+    // next turn goes on.
+    let first = answer.trim_end();
+    let mid = first.char_indices().nth(first.chars().count() / 2).unwrap().0;
+    let stop: String = first[mid..].chars().take(3).collect();
+    let kept = &first[..first.find(&stop).unwrap()];
+    let o = forge(
+        &["chat", "-m", m, "--temp", "0", "-n", "40", "--stop", &stop],
+        Some("Name three colors.\nWhat is 2+2?\n"),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.starts_with(&format!("{kept}\n")), "stopped at {stop:?}: {out:?}");
+    assert!(out.len() > kept.len() + 1, "the second turn: {out:?}");
 }
 
 /// The default cpu path keeps Q8_0/Q4_0/Q4_1/Q6_K blocks (Q4_K as Q4_1 sub-blocks, the other

@@ -11,8 +11,8 @@ use clap::Args;
 
 use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
-use batch_forge::engine::{GenerateParams, StopReason};
-use batch_forge::tokenizer::StreamDecoder;
+use batch_forge::engine::text::TextOut;
+use batch_forge::engine::{GenerateParams, StopHere, StopReason};
 
 use super::generate::SamplingArgs;
 use super::{BackendArgs, BackendChoice, with_backend};
@@ -39,6 +39,10 @@ pub struct ChatArgs {
     ctx_size: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// End a reply where this string appears (up to 4, as the API's `stop`); the string
+    /// itself is not printed or kept in the conversation.
+    #[arg(long = "stop", value_name = "STRING")]
+    stop: Vec<String>,
     #[command(flatten)]
     backend: BackendArgs,
     /// Worker threads (default: the physical cores available to this process).
@@ -60,6 +64,8 @@ pub fn run(mut args: ChatArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.backend.backend != BackendChoice::Both, "--backend both is for `forge generate` only");
     super::check_threads(args.threads.as_slice())?;
     args.sampling.params(0)?;
+    anyhow::ensure!(args.stop.len() <= 4, "at most 4 --stop strings, got {}", args.stop.len());
+    anyhow::ensure!(args.stop.iter().all(|s| !s.is_empty()), "a --stop string must not be empty");
     super::warn_threads(args.threads.as_slice());
     super::in_pool(args.threads, || with_backend!(args.backend, |b| chat_on(b, &args)))
 }
@@ -129,8 +135,8 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
         };
         params.sampling.seed = sampling.seed.wrapping_add(turn); // each turn its own draws, all repeatable
         turn += 1;
-        let mut stream = StreamDecoder::new();
-        let mut reply = String::new();
+        // The reply as the API builds it: whole characters, stop strings cut.
+        let mut text = TextOut::new(&engine.text.tokenizer, &args.stop);
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         let start = Instant::now();
@@ -138,10 +144,11 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
             if engine.is_eos(id) {
                 return Ok(());
             }
-            let at = reply.len();
-            stream.push_into(engine.text.tokenizer.token_bytes(id)?, &mut reply);
-            out.write_all(&reply.as_bytes()[at..]).context("writing to stdout")?;
-            out.flush().context("writing to stdout")
+            let stopped = text.push(id, None);
+            let (delta, _) = text.take_ready(false);
+            out.write_all(delta.as_bytes()).context("writing to stdout")?;
+            out.flush().context("writing to stdout")?;
+            if stopped { Err(StopHere.into()) } else { Ok(()) }
         });
         let generation = match result {
             Ok(g) => g,
@@ -154,10 +161,11 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
                 return Err(e);
             }
         };
-        let tail = stream.finish();
-        reply.push_str(&tail);
+        text.finish();
+        let (tail, _) = text.take_ready(true);
         writeln!(out, "{tail}").context("writing to stdout")?;
         drop(out);
+        let reply = text.text().to_owned();
         let seconds = start.elapsed().as_secs_f64();
         let n = generation.generated_ids.len();
         let full =
