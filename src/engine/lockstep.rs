@@ -1,15 +1,18 @@
 //! Two engines stepped together on the same tokens, to see where two backends part:
-//! each step runs both forwards, compares their logits, and feeds both the token that
-//! engine `a` samples. The first step whose argmaxes differ ends the run.
-//! (`forge generate --backend both` runs cpu against gpu with it.)
+//! each step runs both engines' schedulers one token on, compares the logits of their
+//! picks, and feeds both the token that engine `a` samples. The first step whose argmaxes
+//! differ ends the run. (`forge generate --backend both` runs cpu against gpu with it.)
 
-use anyhow::ensure;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, ensure};
 
 use super::sampler::argmax;
-use super::{Engine, GenerateParams, Sampler, ensure_finite};
-use crate::backend::{Backend, HostMatrix, SeqSlice};
+use super::scheduler::{Event, PickHook, Request, Scheduler, SchedulerConfig};
+use super::{Engine, GenerateParams, Metrics};
+use crate::backend::Backend;
 use crate::compare::max_abs_diff;
-use crate::model::{Batch, LogitRows};
 
 /// One step of a lockstep run.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +40,9 @@ impl LockstepStep {
 /// Run `a` and `b` from `prompt_ids` for up to `params.max_new_tokens` steps (fewer at
 /// EOS unless ignored, or when the context fills), calling `on_step` after each. Returns
 /// every step; the last one is the divergence when its argmaxes differ.
+///
+/// Each engine runs the one scheduler every command runs on, with one request whose
+/// [`PickHook`] hands over the logits of each pick; `b`'s hook takes `a`'s token.
 pub fn lockstep<A: Backend, B: Backend>(
     a: &Engine<A>,
     b: &Engine<B>,
@@ -47,45 +53,85 @@ pub fn lockstep<A: Backend, B: Backend>(
     ensure!(a.model.info() == b.model.info(), "the two engines must load the same model");
     let n_ctx = a.check_prompt(prompt_ids.len(), params.max_context)?;
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
+    if budget == 0 {
+        return Ok(Vec::new());
+    }
+    params.sampling.validate()?;
     let capacity = (prompt_ids.len() + budget).saturating_sub(1).max(prompt_ids.len());
-    let mut cache_a = a.model.new_cache(&a.backend, capacity)?;
-    let mut cache_b = b.model.new_cache(&b.backend, capacity)?;
-    let mut sampler = Sampler::new(params.sampling.clone()).map_err(anyhow::Error::msg)?;
-    sampler.accept(prompt_ids);
-    let (mut logits_a, mut logits_b) = (HostMatrix::zeros(0, 0), HostMatrix::zeros(0, 0));
-    let (mut tokens, mut pos) = (prompt_ids.to_vec(), 0);
+    // The logits of each side's latest pick, and the token `b` is to take.
+    let logits_a = Arc::new(Mutex::new(Vec::new()));
+    let logits_b = Arc::new(Mutex::new(Vec::new()));
+    let forced = Arc::new(AtomicU32::new(0));
+    let request = |hook: PickHook| {
+        let mut r = Request::new(0, prompt_ids.to_vec(), budget, params.sampling.clone());
+        r.ignore_eos = true; // the lockstep decides where to stop
+        r.pick_hook = Some(hook);
+        r
+    };
+    let keep = |into: &Arc<Mutex<Vec<f32>>>| {
+        let into = into.clone();
+        move |logits: &[f32]| {
+            let mut v = into.lock().unwrap_or_else(|e| e.into_inner());
+            v.clear();
+            v.extend_from_slice(logits);
+        }
+    };
+    let (keep_a, keep_b, take) = (keep(&logits_a), keep(&logits_b), forced.clone());
+    let hook_a = PickHook(Arc::new(move |logits, id| {
+        keep_a(logits);
+        id
+    }));
+    let hook_b = PickHook(Arc::new(move |logits, _| {
+        keep_b(logits);
+        take.load(Ordering::Relaxed)
+    }));
+    let config = SchedulerConfig::single(capacity);
+    let metrics = || Arc::new(Metrics::default());
+    let eog = a.text.end_of_generation.clone();
+    let mut sched_a = Scheduler::new(&a.backend, &*a.model, config.clone(), eog.clone(), metrics());
+    let mut sched_b = Scheduler::new(&b.backend, &*b.model, config, eog, metrics());
+    sched_a.add(request(hook_a));
+    sched_b.add(request(hook_b));
     let mut steps = Vec::new();
     for step in 0..budget {
-        let seqs = [SeqSlice { rows: 0..tokens.len(), start_pos: pos }];
-        let batch = Batch { tokens: &tokens, seqs: &seqs };
-        let out_a = a.model.forward(&a.backend, &batch, &mut [&mut cache_a], LogitRows::LastOfEachSeq)?;
-        a.backend.to_host(&out_a, &mut logits_a)?;
-        let out_b = b.model.forward(&b.backend, &batch, &mut [&mut cache_b], LogitRows::LastOfEachSeq)?;
-        b.backend.to_host(&out_b, &mut logits_b)?;
-        let position = pos + tokens.len() - 1;
-        for (name, logits) in [(a.backend.name(), &logits_a), (b.backend.name(), &logits_b)] {
-            ensure_finite(&logits.data, step, position).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-        }
-        let max_abs_diff = max_abs_diff(&logits_a.data, &logits_b.data);
+        let next = next_token(&mut sched_a, &a.backend.name())?;
+        forced.store(next, Ordering::Relaxed);
+        next_token(&mut sched_b, &b.backend.name())?;
+        let (la, lb) =
+            (logits_a.lock().unwrap_or_else(|e| e.into_inner()), logits_b.lock().unwrap_or_else(|e| e.into_inner()));
+        let position = prompt_ids.len() - 1 + step;
         let s = LockstepStep {
             step,
-            tokens_in: tokens.len(),
+            tokens_in: if step == 0 { prompt_ids.len() } else { 1 },
             position,
-            max_abs_diff,
-            argmax_a: argmax(logits_a.row(0)),
-            argmax_b: argmax(logits_b.row(0)),
-            next: sampler.sample(logits_a.row(0)),
+            max_abs_diff: max_abs_diff(&la, &lb),
+            argmax_a: argmax(&la),
+            argmax_b: argmax(&lb),
+            next,
         };
-        sampler.accept_generated(s.next);
+        drop((la, lb));
         on_step(&s)?;
-        let (stop, next) = (!s.agrees() || (a.is_eos(s.next) && !params.ignore_eos), s.next);
+        let stop = !s.agrees() || (a.is_eos(s.next) && !params.ignore_eos);
         steps.push(s);
         if stop {
             break;
         }
-        pos += tokens.len();
-        tokens.clear();
-        tokens.push(next);
     }
     Ok(steps)
+}
+
+/// Step `scheduler` until its request picks a token; that token.
+fn next_token<B: Backend>(scheduler: &mut Scheduler<'_, B>, name: &str) -> anyhow::Result<u32> {
+    let mut events = Vec::with_capacity(4);
+    loop {
+        ensure!(scheduler.busy(), "{name}: the engine ended the request early");
+        scheduler.step(&mut events);
+        for (_, event) in events.drain(..) {
+            match event {
+                Event::Token { id, .. } | Event::EndToken { id, .. } => return Ok(id),
+                Event::Failed(e) => bail!("{name}: {e}"),
+                _ => {}
+            }
+        }
+    }
 }

@@ -79,7 +79,25 @@ pub struct Request {
     /// Structured output: every token is picked among those the constraint allows,
     /// and the sequence ends when its output is complete.
     pub constraint: Option<Constraint>,
+    /// Sees each picked token's logits (penalties and constraint applied) and the token
+    /// the sampler drew, and returns the token to take: a caller that compares or steers
+    /// picks (`--backend both` feeds one backend the other's tokens). Its logits always
+    /// come to the host.
+    pub pick_hook: Option<PickHook>,
     pub arrived: Instant,
+}
+
+/// See [`Request::pick_hook`].
+#[derive(Clone)]
+pub struct PickHook(pub Arc<PickFn>);
+
+/// (the pick's logits, the sampler's token) → the token to take.
+pub type PickFn = dyn Fn(&[f32], u32) -> u32 + Send + Sync;
+
+impl std::fmt::Debug for PickHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PickHook")
+    }
 }
 
 impl Request {
@@ -95,6 +113,7 @@ impl Request {
             ignore_eos: false,
             session: None,
             constraint: None,
+            pick_hook: None,
             arrived: Instant::now(),
         }
     }
@@ -618,7 +637,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         let argmax_only = !any_scored
             && self.members.iter().all(|&i| {
                 let (r, c) = (&self.running[i].request, &self.running[i].constraint);
-                r.logprobs.is_none() && r.sampling.is_argmax() && c.is_none()
+                r.logprobs.is_none() && r.sampling.is_argmax() && c.is_none() && r.pick_hook.is_none()
             });
         // The list of cache references reuses one allocation across steps.
         let mut caches: Vec<&mut B::KvCache> = std::mem::take(&mut self.cache_refs)
@@ -753,7 +772,10 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                                 }
                             };
                             allowed.map_err(|e| e.to_string()).map(|()| {
-                                let id = seq.sampler.sample(logits);
+                                let mut id = seq.sampler.sample(logits);
+                                if let Some(hook) = &seq.request.pick_hook {
+                                    id = (hook.0)(logits, id);
+                                }
                                 (id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n)))
                             })
                         }

@@ -258,6 +258,7 @@ fn submit(
         ignore_eos: c.ignore_eos,
         session: None,
         constraint: c.constraint.clone(),
+        pick_hook: None,
         arrived: Instant::now(),
     };
     let job = Job { request, events: tx };
