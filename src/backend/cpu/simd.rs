@@ -217,15 +217,8 @@ const TANH_CLAMP: f32 = 10.0;
 #[inline(always)]
 pub(crate) fn portable<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "fma")]
-        fn with_fma<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the CPU has FMA (checked just above; std reports it only where the OS
-        // also enables the AVX state that FMA's instructions use).
-        return unsafe { with_fma(f) };
-    }
+    return x86::portable_with_fma(f);
+    #[cfg(not(target_arch = "x86_64"))]
     f()
 }
 

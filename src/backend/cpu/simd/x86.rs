@@ -5,6 +5,21 @@ use std::arch::x86_64::*;
 
 use super::{SQRT_2_OVER_PI, TANH_CLAMP};
 
+/// [`super::portable`] on x86-64: `f` compiled for FMA where the CPU has it.
+#[inline(always)]
+pub(crate) fn portable_with_fma<R>(f: impl FnOnce() -> R) -> R {
+    if std::is_x86_feature_detected!("fma") {
+        #[target_feature(enable = "fma")]
+        fn with_fma<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: the CPU has FMA (checked just above; std reports it only where the OS
+        // also enables the AVX state that FMA's instructions use).
+        return unsafe { with_fma(f) };
+    }
+    f()
+}
+
 /// `exp` and GELU written once over the vector width: the macro's body is the
 /// portable [`super::exp`] and [`super::gelu_scalar`]'s operations in their order, and
 /// each instantiation names one width's intrinsics (so every lane gives the portable
