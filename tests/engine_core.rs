@@ -297,3 +297,38 @@ fn sliding_window_rings_change_no_bit() {
         assert_eq!(cached[1], alone_c[0], "C after A generated {generated}");
     }
 }
+
+/// A model that cannot be loaded says whose fault it is, as a typed error: the path, the
+/// architecture the files name, their configuration, the weights, the file format.
+#[test]
+fn load_errors_say_whose_fault_it_is() {
+    use batch_forge::model::load::{LoadError, load_model};
+    let b = CpuBackend::new(CpuOptions::default()).unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    assert!(matches!(load_model(&b, empty.path()), Err(LoadError::NotAModel { .. })));
+    let edit = |key: &str, value: serde_json::Value| {
+        let (tmp, copy) = common::fixture_copy("tiny-llama");
+        let path = copy.join("config.json");
+        let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        c[key] = value;
+        std::fs::write(&path, c.to_string()).unwrap();
+        (tmp, copy)
+    };
+    let (_t, copy) = edit("model_type", "mamba".into());
+    match load_model(&b, &copy) {
+        Err(LoadError::Unsupported { name, supported, .. }) => {
+            assert_eq!(name, "mamba");
+            assert!(supported.contains("gemma3_text") && supported.contains("qwen3"), "{supported}");
+        }
+        _ => panic!("mamba: not Unsupported"),
+    }
+    let (_t, copy) = edit("num_key_value_heads", 3.into());
+    assert!(matches!(load_model(&b, &copy), Err(LoadError::Config { .. })));
+    let (_t, copy) = common::fixture_copy("tiny-llama");
+    std::fs::remove_file(copy.join("model.safetensors")).unwrap();
+    assert!(matches!(load_model(&b, &copy), Err(LoadError::Weights { .. })));
+    let not_gguf = empty.path().join("x.gguf");
+    std::fs::write(&not_gguf, b"not a gguf file").unwrap();
+    assert!(matches!(load_model(&b, &not_gguf), Err(LoadError::Gguf(_))));
+    assert!(load_model(&b, &fixture("tiny-llama")).is_ok());
+}

@@ -2,7 +2,7 @@
 //! dispatched on the architecture the files declare. The engine gets a
 //! [`CausalLm`] and never learns which one it was.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
@@ -13,6 +13,34 @@ pub use crate::loaders::is_gguf;
 use crate::loaders::{WeightStore, Weights};
 use crate::model::{Architecture, CausalLm, Gemma3, Gpt2, Llama};
 use crate::tokenizer::Tokenizer;
+
+/// Why a model could not be loaded, by whose fault: the path, the files' declared
+/// architecture, their configuration, the tokenizer, or the weights.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: no config.json (is this a model folder?)", path.display())]
+    NotAModel { path: PathBuf },
+    // (Causes are in the message, not `source()`: printing the chain would repeat them.)
+    #[error("cannot read {}: {cause}", path.display())]
+    Read { path: PathBuf, cause: std::io::Error },
+    /// The files name an architecture this engine does not run.
+    #[error("{}: {what} {name:?} is not supported (supported: {supported})", path.display())]
+    Unsupported { path: PathBuf, what: &'static str, name: String, supported: String },
+    #[error("{}: no general.architecture in the metadata", path.display())]
+    NoArchitecture { path: PathBuf },
+    /// A configuration the architecture refuses (sizes, RoPE, layer kinds, ...).
+    #[error("{}: {message}", path.display())]
+    Config { path: PathBuf, message: String },
+    #[error(transparent)]
+    Gguf(#[from] crate::loaders::gguf::GgufError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    #[error("the tokenizer has {tokenizer} ids but the model only {model}")]
+    VocabMismatch { tokenizer: usize, model: usize },
+    /// Tensors missing, misshapen or unreadable, or the backend could not take them.
+    #[error("loading weights from {}: {cause:#}", path.display())]
+    Weights { path: PathBuf, cause: anyhow::Error },
+}
 
 /// One architecture as the loader sees it (see [`Architecture`]).
 pub struct Entry<B: Backend> {
@@ -132,16 +160,16 @@ impl ModelText {
 }
 
 /// Load the model, its tokenizer and chat template from a model folder or a `.gguf` file.
-pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
+pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, LoadError> {
     if is_gguf(path) {
         return load_gguf(backend, path);
     }
     let config_path = path.join("config.json");
     if !config_path.is_file() {
-        bail!("{}: no config.json (is this a model folder?)", path.display());
+        return Err(LoadError::NotAModel { path: path.to_owned() });
     }
     let text =
-        std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
+        std::fs::read_to_string(&config_path).map_err(|cause| LoadError::Read { path: config_path.clone(), cause })?;
     let model_type = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| v.get("model_type").and_then(|t| t.as_str()).map(str::to_owned));
@@ -150,36 +178,39 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded
     let registry = registry::<B>();
     let Some(arch) = registry.iter().find(|e| e.hf_model_types.contains(&model_type.as_str())) else {
         let known: Vec<&str> = registry.iter().flat_map(|e| e.hf_model_types.iter().copied()).collect();
-        bail!(
-            "{}: model_type {model_type:?} is not supported (supported: {})",
-            config_path.display(),
-            known.join(", ")
-        );
+        return Err(LoadError::Unsupported {
+            path: config_path,
+            what: "model_type",
+            name: model_type,
+            supported: known.join(", "),
+        });
     };
-    let weights = Weights::Safetensors(WeightStore::open_dir(path)?);
+    let weights_error = |cause| LoadError::Weights { path: path.to_owned(), cause };
+    let weights = Weights::Safetensors(WeightStore::open_dir(path).map_err(weights_error)?);
     let _progress = weights.show_progress(path);
     let model = (arch.from_hf)(backend, &text, weights).map_err(|e| match e {
-        LoadStep::Config(e) => anyhow::anyhow!("{}: {e}", config_path.display()),
-        LoadStep::Weights(e) => e.context(format!("loading weights from {}", path.display())),
+        LoadStep::Config(message) => LoadError::Config { path: config_path.clone(), message },
+        LoadStep::Weights(cause) => weights_error(cause),
     })?;
     let tokenizer = Tokenizer::from_dir(path)?;
     let chat_template = ChatTemplate::from_dir(path).with_context(|| format!("{}: chat template", path.display()));
     finish(model, tokenizer, chat_template, &[])
 }
 
-fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> {
+fn load_gguf<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, LoadError> {
     let file = GgufFile::open(path)?;
     let arch = file.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("").to_owned();
     let registry = registry::<B>();
     let Some(entry) = registry.iter().find(|e| e.gguf_names.contains(&arch.as_str())) else {
-        match arch.as_str() {
-            "" => bail!("{}: no general.architecture in the metadata", path.display()),
-            other => bail!(
-                "{}: GGUF architecture {other:?} is not supported (supported: {})",
-                path.display(),
-                architectures::<B>().join(", ")
-            ),
-        }
+        return Err(match arch.as_str() {
+            "" => LoadError::NoArchitecture { path: path.to_owned() },
+            _ => LoadError::Unsupported {
+                path: path.to_owned(),
+                what: "GGUF architecture",
+                name: arch,
+                supported: architectures::<B>().join(", "),
+            },
+        });
     };
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
@@ -191,8 +222,8 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> anyhow::Result<Loaded<B>> 
     let weights = Weights::Gguf(file);
     let _progress = weights.show_progress(path);
     let model = (entry.from_gguf)(backend, weights).map_err(|e| match e {
-        LoadStep::Config(e) => anyhow::anyhow!("{}: {e}", path.display()),
-        LoadStep::Weights(e) => e.context(format!("loading weights from {}", path.display())),
+        LoadStep::Config(message) => LoadError::Config { path: path.to_owned(), message },
+        LoadStep::Weights(cause) => LoadError::Weights { path: path.to_owned(), cause },
     })?;
     finish(model, tokenizer, chat_template, &extra_eog)
 }
@@ -206,7 +237,7 @@ fn finish<B: Backend>(
     tokenizer: Tokenizer,
     chat_template: anyhow::Result<Option<ChatTemplate>>,
     extra_eog: &[u32],
-) -> anyhow::Result<Loaded<B>> {
+) -> Result<Loaded<B>, LoadError> {
     let (chat_template, chat_template_error) = match chat_template {
         Ok(t) => (t, None),
         Err(e) => (None, Some(format!("{e:#}"))),
@@ -224,10 +255,10 @@ fn finish<B: Backend>(
     Ok(Loaded { model, text })
 }
 
-fn check_vocab<B: Backend>(tokenizer: &Tokenizer, model: &dyn CausalLm<B>) -> anyhow::Result<()> {
+fn check_vocab<B: Backend>(tokenizer: &Tokenizer, model: &dyn CausalLm<B>) -> Result<(), LoadError> {
     let n = model.info().vocab_size;
     if tokenizer.vocab_size() > n {
-        bail!("the tokenizer has {} ids but the model only {n}", tokenizer.vocab_size());
+        return Err(LoadError::VocabMismatch { tokenizer: tokenizer.vocab_size(), model: n });
     }
     Ok(())
 }
