@@ -60,6 +60,18 @@ CASES = [
      "tokenizer": {"post_processor": {"type": "TemplateProcessing", "single": [A, S("<|im_end|>")],
                                       "pair": [], "special_tokens": {}}},
      "config": {"bos_token": {"content": "<|im_start|>", "lstrip": False}, "eos_token": None}},
+    # An AddedToken dict as EOS, equal in content to the trailing token: gguf-py compares
+    # the dict with the string, so it moves EOS to EOT all the same.
+    {"name": "dict-eos-trailing",
+     "tokenizer": {"post_processor": {"type": "TemplateProcessing", "single": [A, S("<|im_end|>")],
+                                      "pair": [], "special_tokens": {}}},
+     "config": {"eos_token": {"content": "<|im_end|>", "special": True}}},
+    # An empty tokenizer_config.json counts as none; an empty chat template is not written.
+    {"name": "empty-config",
+     "tokenizer": {"post_processor": {"type": "TemplateProcessing", "single": [S("<|im_start|>"), A],
+                                      "pair": [], "special_tokens": {}}},
+     "replace_config": {},
+     "files": {"chat_template.jinja": ""}},
     # Nested normalizer Sequences; named chat templates; config.json ids (an EOS list is
     # not an id; text_config's pad; an id past the vocabulary is skipped only with n_vocab).
     {"name": "normalizers-templates-config-ids",
@@ -105,6 +117,8 @@ with tempfile.TemporaryDirectory() as tmp:
                           ("config.json", "model_config")]:
             data = json.loads((folder / name).read_text())
             data.update(case.get(key, {}))
+            if key == "config" and "replace_config" in case:
+                data = case["replace_config"]
             (folder / name).write_text(json.dumps(data))
         for rel, text in case.get("files", {}).items():
             (folder / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -324,6 +324,9 @@ fn load_errors_say_whose_fault_it_is() {
     }
     let (_t, copy) = edit("num_key_value_heads", 3.into());
     assert!(matches!(load_model(&b, &copy), Err(LoadError::Config { .. })));
+    // The config is checked before any weight is opened.
+    std::fs::remove_file(copy.join("model.safetensors")).unwrap();
+    assert!(matches!(load_model(&b, &copy), Err(LoadError::Config { .. })));
     let (_t, copy) = common::fixture_copy("tiny-llama");
     std::fs::remove_file(copy.join("model.safetensors")).unwrap();
     assert!(matches!(load_model(&b, &copy), Err(LoadError::Weights { .. })));
@@ -331,4 +334,38 @@ fn load_errors_say_whose_fault_it_is() {
     std::fs::write(&not_gguf, b"not a gguf file").unwrap();
     assert!(matches!(load_model(&b, &not_gguf), Err(LoadError::Gguf(_))));
     assert!(load_model(&b, &fixture("tiny-llama")).is_ok());
+}
+
+/// A request's pick hook sees each pick's logits and decides the token: the sequence takes
+/// the hook's token (not the sampler's), and its events report it.
+#[test]
+fn a_pick_hook_decides_the_token() {
+    use batch_forge::engine::scheduler::PickHook;
+    let e = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &fixture("tiny-gpt2")).unwrap();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    let vocab = e.model.info().vocab_size;
+    let mut r = request(0, &[15496, 995], 6, 1);
+    r.pick_hook = Some(PickHook(Arc::new(move |logits: &[f32], _| {
+        assert_eq!(logits.len(), vocab);
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        7
+    })));
+    let config = SchedulerConfig::single(64);
+    let mut s = e.scheduler(config);
+    s.add(r);
+    let mut events = Vec::new();
+    let mut tokens = Vec::new();
+    while s.busy() {
+        s.step(&mut events);
+        for (_, ev) in events.drain(..) {
+            if let Event::Token { id, logprobs } = ev {
+                tokens.push(id);
+                // The log-probability is the hook's token's.
+                assert_eq!(logprobs.unwrap().id, 7);
+            }
+        }
+    }
+    assert_eq!(tokens, [7; 6]);
+    assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 6);
 }

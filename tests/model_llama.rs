@@ -426,10 +426,9 @@ fn smollm2_chats() {
     let mid = first.char_indices().nth(first.chars().count() / 2).unwrap().0;
     let stop: String = first[mid..].chars().take(3).collect();
     let kept = &first[..first.find(&stop).unwrap()];
-    let o = forge(
-        &["chat", "-m", m, "--temp", "0", "-n", "40", "--stop", &stop],
-        Some("Name three colors.\nWhat is 2+2?\n"),
-    );
+    let stop_flag = format!("--stop={stop}"); // one argument, whatever the text starts with
+    let o =
+        forge(&["chat", "-m", m, "--temp", "0", "-n", "40", &stop_flag], Some("Name three colors.\nWhat is 2+2?\n"));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.starts_with(&format!("{kept}\n")), "stopped at {stop:?}: {out:?}");

@@ -380,8 +380,9 @@ fn sentencepiece_folders_convert_to_the_same_ids() {
 /// Special ids, BOS/EOS/SEP flags, chat templates and normalizer flags as gguf-py's
 /// `SpecialVocab` writes them, on variants of one folder's tokenizer files
 /// (tests/fixtures/special-vocab.json, scripts/make_special_vocab_fixture.py): post-processor
-/// templates that name BOS, SEP and a trailing token other than EOS, missing and dict-form
-/// tokenizer_config entries, nested normalizers, named templates, config.json ids.
+/// templates that name BOS, SEP and a trailing token other than EOS, missing, empty and
+/// dict-form tokenizer_config entries, nested normalizers, named and empty templates,
+/// config.json ids.
 #[test]
 fn special_tokens_as_gguf_py_finds_them() {
     let cases: Value =
@@ -398,6 +399,9 @@ fn special_tokens_as_gguf_py_finds_them() {
             let mut data: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             for (k, v) in case[key].as_object().into_iter().flatten() {
                 data[k] = v.clone();
+            }
+            if key == "config" && !case["replace_config"].is_null() {
+                data = case["replace_config"].clone();
             }
             std::fs::write(&path, data.to_string()).unwrap();
         }

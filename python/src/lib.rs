@@ -127,7 +127,7 @@ fn request(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Request> {
             }
         }
     }
-    sampling.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    sampling.validate().map_err(|e| PyValueError::new_err(e.api_message()))?;
     params.sampling = sampling;
     Ok(Request { params, stop })
 }

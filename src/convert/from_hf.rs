@@ -448,19 +448,30 @@ impl HfModel {
                     _ => {}
                 }
             }
-            let get = |tc: &Option<Value>, k: &str| content(tc, k);
-            let mut bos = get(&tc, "bos_token");
-            let cls = get(&tc, "cls_token");
-            let mut eos = get(&tc, "eos_token");
-            let sep = get(&tc, "sep_token");
-            if let Some(t) = tc.as_mut().filter(|t| t.is_object()) {
-                if bos.is_none() && cls.is_some() {
-                    t["bos_token"] = Value::from(cls.clone());
-                    bos.clone_from(&cls);
+            // gguf-py compares tokenizer_config's raw entries (a string, or an AddedToken
+            // dict that equals no string) and treats empty ones and an empty config as unset.
+            let raw = |tc: &Option<Value>, k: &str| tc.as_ref().map_or(Value::Null, |t| t[k].clone());
+            let truthy = |v: &Value| match v {
+                Value::Null | Value::Bool(false) => false,
+                Value::String(s) => !s.is_empty(),
+                Value::Object(o) => !o.is_empty(),
+                Value::Array(a) => !a.is_empty(),
+                Value::Number(_) | Value::Bool(true) => true,
+            };
+            let tc_set = tc.as_ref().is_some_and(&truthy);
+            let is = |v: &Value, text: &str| v.as_str() == Some(text);
+            let mut bos = raw(&tc, "bos_token");
+            let mut cls = raw(&tc, "cls_token");
+            let mut eos = raw(&tc, "eos_token");
+            let sep = raw(&tc, "sep_token");
+            if tc_set && let Some(t) = tc.as_mut() {
+                if !truthy(&bos) && truthy(&cls) {
+                    t["bos_token"] = cls.clone();
+                    bos = cls.clone();
                 }
-                if eos.is_none() && sep.is_some() {
-                    t["eos_token"] = Value::from(sep.clone());
-                    eos.clone_from(&sep);
+                if !truthy(&eos) && truthy(&sep) {
+                    t["eos_token"] = sep.clone();
+                    eos = sep.clone();
                 }
             }
             let pp = &tj["post_processor"];
@@ -485,25 +496,28 @@ impl HfModel {
                         if single.len() > 1 {
                             if let Some(first) = special(single.first()) {
                                 // As the converter: an unnamed leading token becomes BOS (or CLS).
-                                let mut cls = cls.clone();
-                                if tc.is_none() {
-                                    bos = Some(first.clone());
-                                } else if bos.as_ref() != Some(&first) && cls.as_ref() != Some(&first) {
-                                    if bos.is_none() {
-                                        bos = Some(first.clone());
+                                if !tc_set {
+                                    bos = Value::from(first.clone());
+                                } else if !is(&bos, &first) && !is(&cls, &first) {
+                                    if !truthy(&bos) {
+                                        bos = Value::from(first.clone());
                                         if let Some(t) = tc.as_mut() {
-                                            t["bos_token"] = Value::from(first.clone());
+                                            t["bos_token"] = bos.clone();
                                         }
                                     }
-                                    cls.get_or_insert_with(|| first.clone());
+                                    if !truthy(&cls) {
+                                        cls = Value::from(first.clone());
+                                        if let Some(t) = tc.as_mut() {
+                                            t["cls_token"] = cls.clone();
+                                        }
+                                    }
                                 }
-                                let b = bos.as_ref() == Some(&first) || cls.as_ref() == Some(&first);
-                                put(&mut add, "bos", b);
+                                put(&mut add, "bos", is(&bos, &first) || is(&cls, &first));
                             }
                             if let Some(last) = special(single.last()) {
-                                if tc.is_none() {
-                                    eos = Some(last.clone());
-                                } else if eos.as_ref() != Some(&last) {
+                                if !tc_set {
+                                    eos = Value::from(last.clone());
+                                } else if !is(&eos, &last) {
                                     // As the converter: the configured EOS (if any) becomes
                                     // EOT (or EOM), and the trailing token EOS.
                                     let moved = if !types.contains(&"eot") {
@@ -515,14 +529,14 @@ impl HfModel {
                                     };
                                     if let (Some(kind), Some(t)) = (moved, tc.as_mut()) {
                                         types.push(kind);
-                                        t[format!("{kind}_token")] = Value::from(eos.clone());
+                                        t[format!("{kind}_token")] = eos.clone();
                                     }
+                                    eos = Value::from(last.clone());
                                     if let Some(t) = tc.as_mut() {
-                                        t["eos_token"] = Value::from(last.clone());
+                                        t["eos_token"] = eos.clone();
                                     }
-                                    eos = Some(last.clone());
                                 }
-                                put(&mut add, "eos", true);
+                                put(&mut add, "eos", is(&eos, &last));
                             }
                         }
                         let pair = p["pair"].as_array().cloned().unwrap_or_default();
@@ -538,19 +552,18 @@ impl HfModel {
                             && seq(pair.last()).as_deref() == Some("B")
                         {
                             let middle = &pair[1..pair.len() - 1];
-                            let is_sep = |v: Option<&Value>| {
-                                special(v).is_some_and(|s| Some(&s) == sep.as_ref() || Some(&s) == eos.as_ref())
-                            };
+                            let is_sep = |v: Option<&Value>| special(v).is_some_and(|s| is(&sep, &s) || is(&eos, &s));
                             let mut add_sep = is_sep(middle.first()) && last.is_none();
                             if middle.len() == 2 && is_sep(middle.get(1)) {
                                 add_sep = true;
                             }
                             put(&mut add, "sep", add_sep);
                             if add_sep
-                                && sep.is_none()
+                                && !truthy(&sep)
+                                && tc_set
                                 && let Some(t) = tc.as_mut()
                             {
-                                t["sep_token"] = Value::from(eos.clone());
+                                t["sep_token"] = eos.clone();
                             }
                         }
                     }
@@ -571,7 +584,8 @@ impl HfModel {
                 ids.push((typ, id));
             }
         };
-        if let Some(t) = &tc {
+        let tc_set = tc.as_ref().is_some_and(|t| t.as_object().is_some_and(|o| !o.is_empty()));
+        if let Some(t) = tc.as_ref().filter(|_| tc_set) {
             for &typ in &types {
                 if let Some(b) = t[format!("add_{typ}_token")].as_bool()
                     && !add.iter().any(|(a, _)| *a == typ)
@@ -612,7 +626,7 @@ impl HfModel {
                 meta.push((format!("tokenizer.ggml.add_{typ}_token"), MetaValue::Bool(b)));
             }
         }
-        if let Some(t) = &tc {
+        if let Some(t) = tc.as_ref().filter(|_| tc_set) {
             let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
             let jinja = self.dir.join("chat_template.jinja");
             let json = self.dir.join("chat_template.json");
@@ -642,7 +656,10 @@ impl HfModel {
                 None
             };
             match t.get("chat_template").cloned().or(alt) {
-                Some(Value::String(s)) => meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(s))),
+                // gguf-py's add_string writes no empty string.
+                Some(Value::String(s)) if !s.is_empty() => {
+                    meta.push(("tokenizer.chat_template".to_owned(), MetaValue::String(s)))
+                }
                 Some(Value::Array(named)) => {
                     // gguf-py's add_chat_template: each named one under its (sanitized)
                     // name, their names listed (here sorted), the default as the template.
@@ -655,7 +672,7 @@ impl HfModel {
                             .chars()
                             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
                             .collect();
-                        let Some(template) = choice["template"].as_str() else { continue };
+                        let Some(template) = choice["template"].as_str().filter(|t| !t.is_empty()) else { continue };
                         if name == "default" {
                             default = Some(template.to_owned());
                         } else if !name.is_empty() {

@@ -70,18 +70,18 @@ impl SamplingParams {
         }
     }
 
-    /// Every field within its range, the same for the CLI and the API.
+    /// Every field within its range, the same for the CLI, the API and Python.
     pub fn validate(&self) -> Result<(), SamplingError> {
         use SamplingField as F;
-        let check = |ok: bool, field, rule, got: f64| if ok { Ok(()) } else { Err(SamplingError { field, rule, got }) };
+        let check = |ok: bool, field, rule, got: f32| if ok { Ok(()) } else { Err(SamplingError { field, rule, got }) };
         let t = self.temperature;
-        check(t.is_finite() && (0.0..=100.0).contains(&t), F::Temperature, "in [0, 100] (0 = greedy)", t.into())?;
-        check(self.top_p > 0.0 && self.top_p <= 1.0, F::TopP, "in (0, 1] (1 = off)", self.top_p.into())?;
-        check((0.0..=1.0).contains(&self.min_p), F::MinP, "in [0, 1] (0 = off)", self.min_p.into())?;
+        check(t.is_finite() && t >= 0.0, F::Temperature, "a finite number >= 0 (0 = greedy)", t)?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, F::TopP, "in (0, 1] (1 = off)", self.top_p)?;
+        check((0.0..=1.0).contains(&self.min_p), F::MinP, "in [0, 1] (0 = off)", self.min_p)?;
         let r = self.repeat_penalty;
-        check(r > 0.0 && r <= 100.0, F::RepeatPenalty, "in (0, 100] (1 = off)", r.into())?;
+        check(r.is_finite() && r > 0.0, F::RepeatPenalty, "a finite number > 0 (1 = off)", r)?;
         for (field, v) in [(F::PresencePenalty, self.presence_penalty), (F::FrequencyPenalty, self.frequency_penalty)] {
-            check((-2.0..=2.0).contains(&v), field, "in [-2, 2] (0 = off)", v.into())?;
+            check((-2.0..=2.0).contains(&v), field, "in [-2, 2] (0 = off)", v)?;
         }
         Ok(())
     }
@@ -157,7 +157,7 @@ impl SamplingField {
 pub struct SamplingError {
     pub field: SamplingField,
     pub rule: &'static str,
-    pub got: f64,
+    pub got: f32,
 }
 
 impl SamplingError {

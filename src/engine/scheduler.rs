@@ -79,10 +79,11 @@ pub struct Request {
     /// Structured output: every token is picked among those the constraint allows,
     /// and the sequence ends when its output is complete.
     pub constraint: Option<Constraint>,
-    /// Sees each picked token's logits (penalties and constraint applied) and the token
-    /// the sampler drew, and returns the token to take: a caller that compares or steers
-    /// picks (`--backend both` feeds one backend the other's tokens). Its logits always
-    /// come to the host.
+    /// Sees each picked token's logits (the model's, masked by the constraint if any;
+    /// the sampler penalizes its own copy) and the token the sampler drew, and returns the
+    /// token to take: a caller that compares or steers picks (`--backend both` feeds one
+    /// backend the other's tokens). Its logits always come to the host, and its sequence
+    /// is never drafted for (one pick per step).
     pub pick_hook: Option<PickHook>,
     pub arrived: Instant,
 }
@@ -565,7 +566,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             let left = s.request.max_tokens.saturating_sub(s.generated);
             // Every running sequence is listed (a drafter keeps its state for those
             // asked for nothing this step); only the eligible ones are asked for tokens.
-            let eligible = s.tokens.len() - s.cached == 1 && !Self::scoring(s) && left >= 2 && s.pace.wants();
+            let eligible = s.tokens.len() - s.cached == 1
+                && !Self::scoring(s)
+                && left >= 2
+                && s.pace.wants()
+                && s.request.pick_hook.is_none();
             let s = &*s;
             // A sliding-window ring can give back only so many rejected rows.
             let most = (*draft_max).min(s.cache.rings().max_rewind());
@@ -775,6 +780,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
                                 let mut id = seq.sampler.sample(logits);
                                 if let Some(hook) = &seq.request.pick_hook {
                                     id = (hook.0)(logits, id);
+                                    debug_assert!((id as usize) < logits.len(), "a pick hook's token {id}");
                                 }
                                 (id, seq.request.logprobs.map(|n| token_logprobs(logits, id, n)))
                             })

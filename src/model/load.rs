@@ -46,6 +46,9 @@ pub enum LoadError {
 pub struct Entry<B: Backend> {
     pub gguf_names: &'static [&'static str],
     pub hf_model_types: &'static [&'static str],
+    /// The config alone, checked before any weight is opened.
+    check_hf: fn(&str) -> Result<(), String>,
+    check_gguf: fn(&GgufFile) -> Result<(), String>,
     from_hf: fn(&B, &str, Weights) -> Built<B>,
     from_gguf: fn(&B, Weights) -> Built<B>,
 }
@@ -71,6 +74,8 @@ fn entry<B: Backend, A: Architecture<B>>() -> Entry<B> {
     Entry {
         gguf_names: A::GGUF_NAMES,
         hf_model_types: A::HF_MODEL_TYPES,
+        check_hf: |json| A::config_from_hf(json).map(drop),
+        check_gguf: |file| A::config_from_gguf(file).map(drop),
         from_hf: |backend, json, weights| boxed::<B, A>(backend, A::config_from_hf(json), &weights),
         from_gguf: |backend, weights| {
             let config = match &weights {
@@ -83,8 +88,8 @@ fn entry<B: Backend, A: Architecture<B>>() -> Entry<B> {
 }
 
 /// Every architecture this engine runs: adding one is one line here (and its file).
-pub fn registry<B: Backend>() -> [Entry<B>; 3] {
-    [entry::<B, Gpt2<B>>(), entry::<B, Llama<B>>(), entry::<B, Gemma3<B>>()]
+pub fn registry<B: Backend>() -> Vec<Entry<B>> {
+    vec![entry::<B, Gpt2<B>>(), entry::<B, Llama<B>>(), entry::<B, Gemma3<B>>()]
 }
 
 /// The GGUF architecture names the registry runs, for messages.
@@ -185,6 +190,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, Loa
             supported: known.join(", "),
         });
     };
+    (arch.check_hf)(&text).map_err(|message| LoadError::Config { path: config_path.clone(), message })?;
     let weights_error = |cause| LoadError::Weights { path: path.to_owned(), cause };
     let weights = Weights::Safetensors(WeightStore::open_dir(path).map_err(weights_error)?);
     let _progress = weights.show_progress(path);
@@ -219,6 +225,7 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, LoadErro
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };
     let extra_eog: Vec<u32> = ["eot_token_id", "eom_token_id"].iter().filter_map(|k| token_id(k)).collect();
+    (entry.check_gguf)(&file).map_err(|message| LoadError::Config { path: path.to_owned(), message })?;
     let weights = Weights::Gguf(file);
     let _progress = weights.show_progress(path);
     let model = (entry.from_gguf)(backend, weights).map_err(|e| match e {

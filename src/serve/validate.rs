@@ -324,9 +324,14 @@ pub(super) fn check_common(
     if stops.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES) {
         return Err(ApiError::bad("stop", format!("a stop sequence must have 1 to {MAX_STOP_BYTES} bytes")));
     }
-    let seed = r
-        .seed
-        .map_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64), |s| s as u64);
+    // As the CLI's -s: -1 (or none) draws one.
+    let seed = match r.seed {
+        None | Some(-1) => SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+        Some(s) if s >= 0 => s as u64,
+        Some(s) => {
+            return Err(ApiError::bad("seed", format!("seed must be >= 0, or -1 for a random one, got {s}")));
+        }
+    };
     let sampling = SamplingParams {
         temperature: temperature as f32,
         top_k,
