@@ -369,3 +369,34 @@ fn a_pick_hook_decides_the_token() {
     assert_eq!(tokens, [7; 6]);
     assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 6);
 }
+
+/// Generation errors are typed by whose they are: the caller's input (an empty or too long
+/// prompt, a session that is full, sampling out of range) or the caller's own callback,
+/// whose error arrives whole (an `io::Error` under it is still found, as the CLI looks for
+/// a broken pipe).
+#[test]
+fn generation_errors_say_whose_fault_it_is() {
+    use batch_forge::engine::EngineError;
+    let e = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &fixture("tiny-gpt2")).unwrap();
+    let params = GenerateParams::greedy(4);
+    let ok = |_| Ok(());
+    assert!(matches!(e.generate(&[], &params, ok), Err(EngineError::EmptyPrompt)));
+    let long = vec![11u32; 200]; // the context is 128
+    match e.generate(&long, &params, ok) {
+        Err(err @ EngineError::PromptTooLong { len: 200, n_ctx: 128, .. }) => assert!(err.is_input()),
+        other => panic!("{:?}", other.map(|g| g.generated_ids)),
+    }
+    let capped = GenerateParams { max_context: Some(8), ..GenerateParams::greedy(4) };
+    match e.generate(&[11; 9], &capped, ok) {
+        Err(EngineError::PromptTooLong { whose, .. }) => assert_eq!(whose, "the context size (-c)"),
+        other => panic!("{:?}", other.map(|g| g.generated_ids)),
+    }
+    let hot = GenerateParams { sampling: SamplingParams { top_p: 2.0, ..SamplingParams::default() }, ..params.clone() };
+    assert!(matches!(e.generate(&[11, 12], &hot, ok), Err(EngineError::Sampling(_))));
+    let pipe = |_| Err(anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe)).context("writing"));
+    let err = e.generate(&[11, 12], &params, pipe).map(|g| g.generated_ids).unwrap_err();
+    assert!(matches!(err, EngineError::Callback(_)) && !err.is_input());
+    let err = anyhow::Error::from(err);
+    assert!(err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some()), "{err:#}");
+    assert_eq!(format!("{err:#}"), "writing: broken pipe");
+}

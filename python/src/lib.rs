@@ -241,7 +241,7 @@ impl Model {
     }
 
     fn score_ids(&self, py: Python<'_>, ids: Vec<u32>, top: usize) -> PyResult<Vec<TokenLogprobs>> {
-        self.compute(py, move |engine| with_engine!(engine, |e| e.score(&ids, top)))
+        self.compute(py, move |engine| with_engine!(engine, |e| Ok(e.score(&ids, top)?)))
     }
 }
 

@@ -158,7 +158,7 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
                 if interactive {
                     continue;
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         text.finish();

@@ -38,7 +38,7 @@ use crate::model::{Batch, CausalLm, LogitRows};
 use crate::tokenizer::Tokenizer;
 pub use logprobs::TokenLogprobs;
 pub use metrics::Metrics;
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingError, SamplingParams};
 pub use scheduler::{Event, Finish, Request, Scheduler, SchedulerConfig};
 pub use speculate::{DraftMethod, Speculation};
 
@@ -156,6 +156,46 @@ pub struct Generation {
     /// Speculative decoding: draft tokens verified, and those accepted.
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
+}
+
+/// Why a generation or a scoring run failed: the prompt or the parameters (the caller's),
+/// the engine's run (a failed step: non-finite logits, a cache that could not grow, a
+/// constraint), or the caller's own `on_token` callback.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the prompt is empty (and the model has no BOS token to start from)")]
+    EmptyPrompt,
+    #[error("the context size must be at least 1")]
+    NoContext,
+    /// `whose`: "the context size (-c)" or "the model's context".
+    #[error("the prompt is {len} tokens but {whose} is {n_ctx}; shorten the prompt")]
+    PromptTooLong { len: usize, n_ctx: usize, whose: &'static str },
+    #[error("the prompt is {len} tokens but the session holds {n_ctx}; start a new one or raise -c")]
+    SessionFull { len: usize, n_ctx: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// A step of the run failed (the scheduler's message).
+    #[error("{0}")]
+    Run(String),
+    #[error("the engine dropped the request without an answer")]
+    Dropped,
+    /// The caller's `on_token` failed (its error, whole: its chain is kept).
+    #[error(transparent)]
+    Callback(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl EngineError {
+    /// Whether the caller's input is at fault (the prompt, the context, the parameters).
+    pub fn is_input(&self) -> bool {
+        matches!(
+            self,
+            EngineError::EmptyPrompt
+                | EngineError::NoContext
+                | EngineError::PromptTooLong { .. }
+                | EngineError::SessionFull { .. }
+                | EngineError::Sampling(_)
+        )
+    }
 }
 
 /// Logits with a NaN or an infinity are an error naming the step and position.
@@ -296,14 +336,18 @@ impl<B: Backend> Engine<B> {
 
     /// The context a run may use: the model's `n_positions`, capped by `max_context`
     /// (llama.cpp's `-c`). A prompt that is empty or does not fit is an error.
-    pub fn check_prompt(&self, prompt_len: usize, max_context: Option<usize>) -> anyhow::Result<usize> {
+    pub fn check_prompt(&self, prompt_len: usize, max_context: Option<usize>) -> Result<usize, EngineError> {
         let n_positions = self.model.info().context_length;
         let n_ctx = max_context.map_or(n_positions, |c| c.min(n_positions));
-        ensure!(prompt_len > 0, "the prompt is empty (and the model has no BOS token to start from)");
-        ensure!(n_ctx > 0, "the context size must be at least 1");
+        if prompt_len == 0 {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if n_ctx == 0 {
+            return Err(EngineError::NoContext);
+        }
         if prompt_len > n_ctx {
             let whose = if n_ctx < n_positions { "the context size (-c)" } else { "the model's context" };
-            bail!("the prompt is {prompt_len} tokens but {whose} is {n_ctx}; shorten the prompt");
+            return Err(EngineError::PromptTooLong { len: prompt_len, n_ctx, whose });
         }
         Ok(n_ctx)
     }
@@ -315,7 +359,7 @@ impl<B: Backend> Engine<B> {
         prompt_ids: &[u32],
         params: &GenerateParams,
         on_token: impl FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Generation> {
+    ) -> Result<Generation, EngineError> {
         self.generate_constrained(prompt_ids, params, None, on_token)
     }
 
@@ -327,7 +371,7 @@ impl<B: Backend> Engine<B> {
         params: &GenerateParams,
         constraint: Option<grammar::Constraint>,
         on_token: impl FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Generation> {
+    ) -> Result<Generation, EngineError> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         let positions = scheduler::positions_for(prompt_ids.len(), budget);
@@ -340,7 +384,7 @@ impl<B: Backend> Engine<B> {
     /// `logprobs` reports, and what an evaluation's log-likelihood sums. One request on
     /// the engine's scheduler, prefilled in chunks of at most [`SCORE_CHUNK`] rows, so the
     /// logits held at once stay bounded however long the text.
-    pub fn score(&self, ids: &[u32], top: usize) -> anyhow::Result<Vec<TokenLogprobs>> {
+    pub fn score(&self, ids: &[u32], top: usize) -> Result<Vec<TokenLogprobs>, EngineError> {
         self.check_prompt(ids.len(), None)?;
         if ids.len() < 2 {
             return Ok(Vec::new()); // nothing comes after the first token
@@ -369,13 +413,11 @@ impl<B: Backend> Engine<B> {
         prompt_ids: &[u32],
         params: &GenerateParams,
         on_token: impl FnMut(u32) -> anyhow::Result<()>,
-    ) -> anyhow::Result<Generation> {
+    ) -> Result<Generation, EngineError> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?.min(session.capacity + 1);
-        ensure!(
-            prompt_ids.len() <= n_ctx,
-            "the prompt is {} tokens but the session holds {n_ctx}; start a new one or raise -c",
-            prompt_ids.len()
-        );
+        if prompt_ids.len() > n_ctx {
+            return Err(EngineError::SessionFull { len: prompt_ids.len(), n_ctx });
+        }
         // Total length never exceeds the context (HF cuts max_new_tokens the same way).
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
         run_request(&mut session.scheduler, Some(SESSION), prompt_ids, budget, params, None, on_token)
@@ -390,7 +432,7 @@ pub(crate) fn score_on<B: Backend>(
     ids: &[u32],
     top: usize,
     mut on_part: impl FnMut(Vec<TokenLogprobs>),
-) -> anyhow::Result<()> {
+) -> Result<(), EngineError> {
     let mut request = Request::new(id, ids.to_vec(), 0, SamplingParams::greedy());
     request.prompt_logprobs = Some(top);
     scheduler.add(request);
@@ -405,14 +447,18 @@ pub(crate) fn score_on<B: Backend>(
                     on_part(part);
                 }
                 Event::Finished { .. } => {
-                    ensure!(scored == ids.len() - 1, "scored {scored} of {} tokens", ids.len() - 1);
+                    if scored != ids.len() - 1 {
+                        return Err(EngineError::Run(format!("scored {scored} of {} tokens", ids.len() - 1)));
+                    }
                     return Ok(());
                 }
-                Event::Failed(e) => bail!(e),
+                Event::Failed(e) => return Err(EngineError::Run(e)),
                 _ => {}
             }
         }
-        ensure!(scheduler.busy(), "the engine dropped the request without an answer");
+        if !scheduler.busy() {
+            return Err(EngineError::Dropped);
+        }
     }
 }
 
@@ -426,7 +472,7 @@ fn run_request<B: Backend>(
     params: &GenerateParams,
     constraint: Option<grammar::Constraint>,
     mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
-) -> anyhow::Result<Generation> {
+) -> Result<Generation, EngineError> {
     let mut generation = Generation {
         prompt_ids: prompt_ids.to_vec(),
         generated_ids: Vec::with_capacity(budget),
@@ -481,7 +527,7 @@ fn run_request<B: Backend>(
                     done(&mut generation, scheduler);
                     return Ok(generation);
                 }
-                Event::Failed(e) => bail!(e),
+                Event::Failed(e) => return Err(EngineError::Run(e)),
             };
             if generation.generated_ids.is_empty() {
                 generation.timings.prefill = start.elapsed();
@@ -495,9 +541,11 @@ fn run_request<B: Backend>(
                     done(&mut generation, scheduler);
                     return Ok(generation);
                 }
-                return Err(e);
+                return Err(EngineError::Callback(e.into()));
             }
         }
-        ensure!(scheduler.busy(), "the engine dropped the request without an answer");
+        if !scheduler.busy() {
+            return Err(EngineError::Dropped);
+        }
     }
 }
