@@ -5,15 +5,39 @@
 //! `raise_exception`, and HF's `tojson` (`json.dumps(ensure_ascii=False)`). The context
 //! holds `messages`, `add_generation_prompt`, `bos_token` and `eos_token`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use minijinja::value::ValueKind;
 use minijinja::{Environment, Error, ErrorKind, Value, context};
 use serde::{Deserialize, Serialize};
 
 use crate::loaders::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
+
+/// What can go wrong with a chat template: the file that holds it, its syntax, or its
+/// rendering of a conversation (the last two are the template's or the caller's fault,
+/// never the engine's).
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The file that holds the template cannot be read or is malformed.
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
+    /// The template does not compile.
+    #[error("the chat template does not compile: {0}")]
+    Compile(String),
+    /// Rendering failed: the template raised (`raise_exception`, e.g. roles that do not
+    /// alternate), ran out of fuel, or met a value it cannot handle.
+    #[error("the chat template failed: {0}")]
+    Render(String),
+    /// The model ships no template.
+    #[error(
+        "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
+    )]
+    Missing,
+    /// The model's template could not be loaded; why, as it was said at load.
+    #[error("the model's chat template cannot be used: {0}")]
+    Unusable(String),
+}
 
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,14 +72,14 @@ impl std::fmt::Debug for ChatTemplate {
 
 impl ChatTemplate {
     /// Compile `source`; a syntax error is an error here, not at the first message.
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> anyhow::Result<Self> {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)
                 .lstrip_blocks(true)
                 .build()
-                .map_err(|e| anyhow::anyhow!("chat template syntax config: {e}"))?,
+                .map_err(|e| TemplateError::Compile(format!("syntax config: {e}")))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_fuel(Some(FUEL));
@@ -68,8 +92,7 @@ impl ChatTemplate {
             py_json(&v, &mut out)?;
             Ok(out)
         });
-        env.add_template_owned("chat", source.to_owned())
-            .map_err(|e| anyhow::anyhow!("the chat template does not compile: {e}"))?;
+        env.add_template_owned("chat", source.to_owned()).map_err(|e| TemplateError::Compile(e.to_string()))?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
@@ -80,9 +103,12 @@ impl ChatTemplate {
 
     /// The template of a GGUF file (`tokenizer.chat_template`), if it has one; BOS and EOS
     /// are the texts of its `tokenizer.ggml.bos/eos_token_id` tokens.
-    pub fn from_gguf(file: &GgufFile, tokenizer: &Tokenizer) -> anyhow::Result<Option<Self>> {
+    pub fn from_gguf(file: &GgufFile, tokenizer: &Tokenizer) -> Result<Option<Self>, TemplateError> {
         let Some(v) = file.get("tokenizer.chat_template") else { return Ok(None) };
-        let source = v.as_str().context("tokenizer.chat_template is not a string")?;
+        let source = v.as_str().ok_or_else(|| TemplateError::File {
+            path: file.path().to_owned(),
+            message: "tokenizer.chat_template is not a string".into(),
+        })?;
         let text = |key: &str| -> String {
             file.get(key)
                 .and_then(|v| v.as_u64())
@@ -104,11 +130,12 @@ impl ChatTemplate {
 
     /// The template of an HF model folder: `chat_template.jinja`, else the `chat_template`
     /// of `tokenizer_config.json` (a string, or a list of named templates: `default`).
-    pub fn from_dir(dir: &Path) -> anyhow::Result<Option<Self>> {
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, TemplateError> {
         let config_path = dir.join("tokenizer_config.json");
+        let file_error = |path: &Path, message: String| TemplateError::File { path: path.to_owned(), message };
         let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
             Ok(text) => {
-                serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", config_path.display()))?
+                serde_json::from_str(&text).map_err(|e| file_error(&config_path, format!("invalid JSON: {e}")))?
             }
             Err(_) => serde_json::Value::Null,
         };
@@ -120,7 +147,7 @@ impl ChatTemplate {
         };
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.is_file() {
-            std::fs::read_to_string(&jinja).with_context(|| format!("cannot read {}", jinja.display()))?
+            std::fs::read_to_string(&jinja).map_err(|e| file_error(&jinja, format!("cannot read it: {e}")))?
         } else {
             match &config["chat_template"] {
                 serde_json::Value::Null => return Ok(None),
@@ -129,10 +156,10 @@ impl ChatTemplate {
                     let default = list.iter().find(|t| t["name"] == "default").or(list.first());
                     match default.and_then(|t| t["template"].as_str()) {
                         Some(s) => s.to_owned(),
-                        None => bail!("{}: chat_template list has no template", config_path.display()),
+                        None => return Err(file_error(&config_path, "chat_template list has no template".into())),
                     }
                 }
-                _ => bail!("{}: chat_template is neither a string nor a list", config_path.display()),
+                _ => return Err(file_error(&config_path, "chat_template is neither a string nor a list".into())),
             }
         };
         let mut t = Self::new(&source, &token("bos_token"), &token("eos_token"))?;
@@ -146,8 +173,8 @@ impl ChatTemplate {
 
     /// The conversation as the model's prompt text. A template that raises (e.g. roles
     /// that do not alternate) or runs out of fuel is an error with its message.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> anyhow::Result<String> {
-        let template = self.env.get_template("chat").map_err(|e| anyhow::anyhow!("chat template: {e}"))?;
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, TemplateError> {
+        let template = self.env.get_template("chat").map_err(|e| TemplateError::Compile(e.to_string()))?;
         let extra: std::collections::BTreeMap<&str, Value> =
             self.extra_tokens.iter().map(|(k, v)| (*k, Value::from(v.as_str()))).collect();
         template
@@ -160,7 +187,7 @@ impl ChatTemplate {
                 documents => Value::from(()),
                 ..Value::from(extra)
             })
-            .map_err(|e| anyhow::anyhow!("the chat template failed: {}", e.detail().unwrap_or(&e.to_string())))
+            .map_err(|e| TemplateError::Render(e.detail().map_or_else(|| e.to_string(), str::to_owned)))
     }
 }
 

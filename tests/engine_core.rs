@@ -135,7 +135,7 @@ fn a_growing_cache_changes_no_bit() {
 #[test]
 fn a_session_grows_and_changes_nothing() {
     let e = long_context_engine();
-    let mut session = e.new_session(899).unwrap();
+    let mut session = e.new_session(899);
     let params = |n, seed| GenerateParams {
         max_new_tokens: n,
         sampling: SamplingParams { seed, ..SamplingParams::default() },
@@ -399,4 +399,45 @@ fn generation_errors_say_whose_fault_it_is() {
     let err = anyhow::Error::from(err);
     assert!(err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some()), "{err:#}");
     assert_eq!(format!("{err:#}"), "writing: broken pipe");
+}
+
+/// The engine's other entry points: perplexity's windows, speculation's settings and the
+/// chat template say whose fault a failure is in their types.
+#[test]
+fn windows_drafts_and_templates_have_typed_errors() {
+    use batch_forge::chat::{Message, TemplateError};
+    use batch_forge::engine::EngineError;
+    use batch_forge::engine::speculate::{DraftMethod, Speculation};
+    let mut e = Engine::load(CpuBackend::new(CpuOptions::default()).unwrap(), &fixture("tiny-gpt2")).unwrap();
+    let ok = |_: &_| Ok(());
+    let text = vec![11u32; 64];
+    for (n_ctx, chunks, says) in
+        [(2, None, "at least 4"), (129, None, "exceeds"), (40, None, "two windows"), (8, Some(0), "one window")]
+    {
+        match e.perplexity(&text, n_ctx, chunks, ok) {
+            Err(err @ EngineError::Windows(_)) => assert!(err.is_input() && err.to_string().contains(says), "{err}"),
+            other => panic!("-c {n_ctx}: {:?}", other.map(|s| s.windows)),
+        }
+    }
+    let stop = |_: &_| Err(anyhow::anyhow!("enough"));
+    assert!(matches!(e.perplexity(&text, 8, None, stop), Err(EngineError::Callback(_))));
+    let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 0, draft_min: 0, batch_max: 1 };
+    assert!(matches!(e.speculate(bad, None), Err(EngineError::Speculation(m)) if m.contains("--draft-max")));
+    let hi = [Message::new("user", "hi")];
+    assert!(matches!(e.chat_prompt_ids(&hi), Err(TemplateError::Missing)));
+    let dir = tempfile::tempdir().unwrap();
+    let raises = dir.path().join("raises.jinja");
+    std::fs::write(&raises, "{{ raise_exception('roles must alternate') }}").unwrap();
+    e.use_chat_template_file(&raises).unwrap();
+    assert!(matches!(e.chat_prompt_ids(&hi), Err(TemplateError::Render(m)) if m == "roles must alternate"));
+    let broken = dir.path().join("broken.jinja");
+    std::fs::write(&broken, "{% if %}").unwrap();
+    match e.use_chat_template_file(&broken) {
+        Err(TemplateError::File { path, message }) => {
+            assert!(path == broken && message.starts_with("does not compile"))
+        }
+        other => panic!("{other:?}"),
+    }
+    let missing = dir.path().join("missing.jinja");
+    assert!(matches!(e.use_chat_template_file(&missing), Err(TemplateError::File { .. })));
 }

@@ -581,7 +581,7 @@ fn a_conversation_speculates_turn_after_turn() {
                 )
                 .unwrap();
         }
-        let mut session = engine.new_session(120).unwrap();
+        let mut session = engine.new_session(120);
         let mut conversation: Vec<u32> = prompts(384)[3].clone();
         let (mut out, mut drafted) = (Vec::new(), 0);
         for turn in 0..3u64 {

@@ -50,8 +50,8 @@ macro_rules! with_engine {
     };
 }
 
-fn forge_err(e: anyhow::Error) -> PyErr {
-    ForgeError::new_err(format!("{e:#}"))
+fn forge_err(e: impl Into<anyhow::Error>) -> PyErr {
+    ForgeError::new_err(format!("{:#}", e.into()))
 }
 
 /// Sampling and stopping, from keyword arguments (llama.cpp's defaults, as `forge

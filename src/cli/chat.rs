@@ -89,7 +89,7 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
     let n_positions = engine.model.info().context_length;
     anyhow::ensure!(args.ctx_size <= n_positions, "-c {} exceeds the model's context of {n_positions}", args.ctx_size);
     let n_ctx = if args.ctx_size > 0 { args.ctx_size } else { n_positions };
-    let mut session = engine.new_session(n_ctx.saturating_sub(1).max(1))?;
+    let mut session = engine.new_session(n_ctx.saturating_sub(1).max(1));
     let sampling = args.sampling.params(n_ctx)?;
     if !sampling.is_greedy() {
         eprintln!("seed: {} (pass -s {} to repeat this conversation)", sampling.seed, sampling.seed);

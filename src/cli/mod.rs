@@ -262,7 +262,7 @@ impl SpecArgs {
         let what = speculation.describe();
         engine.speculate(speculation, tokenizer.as_ref()).map_err(|e| match &self.model_draft {
             Some(m) => anyhow::anyhow!("--model-draft {m}: {e:#}"),
-            None => e,
+            None => e.into(),
         })?;
         eprintln!("speculative decoding: {what}; batch-invariant kernels, so the tokens are those of plain decoding");
         Ok(())

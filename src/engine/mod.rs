@@ -29,10 +29,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure};
-
 use crate::backend::{Backend, HostMatrix, SeqSlice};
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Message, TemplateError};
+use crate::model::load::LoadError;
 pub use crate::model::load::ModelText;
 use crate::model::{Batch, CausalLm, LogitRows};
 use crate::tokenizer::Tokenizer;
@@ -179,6 +178,12 @@ pub enum EngineError {
     Run(String),
     #[error("the engine dropped the request without an answer")]
     Dropped,
+    /// Speculative decoding's settings, or a draft model that cannot draft for this one.
+    #[error("{0}")]
+    Speculation(String),
+    /// Perplexity's windows and the text they cut (`-c`, `--chunks`, the text's length).
+    #[error("{0}")]
+    Windows(String),
     /// The caller's `on_token` failed (its error, whole: its chain is kept).
     #[error(transparent)]
     Callback(Box<dyn std::error::Error + Send + Sync>),
@@ -194,6 +199,8 @@ impl EngineError {
                 | EngineError::PromptTooLong { .. }
                 | EngineError::SessionFull { .. }
                 | EngineError::Sampling(_)
+                | EngineError::Speculation(_)
+                | EngineError::Windows(_)
         )
     }
 }
@@ -216,7 +223,7 @@ const SESSION: u64 = 0;
 impl<B: Backend> Engine<B> {
     /// Load a model folder (config.json, model.safetensors or shards, tokenizer files) or
     /// a GGUF file, of any supported architecture.
-    pub fn load(backend: B, path: &Path) -> anyhow::Result<Self> {
+    pub fn load(backend: B, path: &Path) -> Result<Self, LoadError> {
         let l = crate::model::load_model(&backend, path)?;
         Ok(Engine { backend, model: l.model, text: l.text, speculation: None })
     }
@@ -237,18 +244,24 @@ impl<B: Backend> Engine<B> {
         &mut self,
         speculation: Speculation<B>,
         draft_tokenizer: Option<&Tokenizer>,
-    ) -> anyhow::Result<()> {
-        ensure!(speculation.draft_max >= 1, "--draft-max must be at least 1");
-        ensure!(
-            speculation.draft_min <= speculation.draft_max,
-            "--draft-min ({}) is larger than --draft-max ({})",
-            speculation.draft_min,
-            speculation.draft_max
-        );
+    ) -> Result<(), EngineError> {
+        let refuse = |m: String| Err(EngineError::Speculation(m));
+        if speculation.draft_max < 1 {
+            return refuse("--draft-max must be at least 1".into());
+        }
+        if speculation.draft_min > speculation.draft_max {
+            return refuse(format!(
+                "--draft-min ({}) is larger than --draft-max ({})",
+                speculation.draft_min, speculation.draft_max
+            ));
+        }
         match &speculation.method {
-            DraftMethod::Ngram(n) => ensure!(*n >= 1, "--draft-ngram must be at least 1"),
+            DraftMethod::Ngram(n) if *n < 1 => return refuse("--draft-ngram must be at least 1".into()),
+            DraftMethod::Ngram(_) => {}
             DraftMethod::Model(_) => {
-                let Some(theirs) = draft_tokenizer else { bail!("a draft model needs its tokenizer to be checked") };
+                let Some(theirs) = draft_tokenizer else {
+                    return refuse("a draft model needs its tokenizer to be checked".into());
+                };
                 let (mine, theirs_n) = (self.text.tokenizer.vocab_size(), theirs.vocab_size());
                 // The output sizes may differ by padding (Qwen 2.5 0.5B's 151,936 and 7B's
                 // 152,064 rows over one tokenizer).
@@ -267,10 +280,11 @@ impl<B: Backend> Engine<B> {
     /// Use the Jinja chat template in the file at `path` instead of the one the model's
     /// files carry (llama.cpp's and vLLM's `--chat-template FILE`); BOS and EOS are the
     /// texts of the model's own tokens.
-    pub fn use_chat_template_file(&mut self, path: &Path) -> anyhow::Result<()> {
-        use anyhow::Context;
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+    pub fn use_chat_template_file(&mut self, path: &Path) -> Result<(), TemplateError> {
+        let source = std::fs::read_to_string(path).map_err(|e| TemplateError::File {
+            path: path.to_owned(),
+            message: format!("cannot read the chat template: {e}"),
+        })?;
         let text = |id: Option<u32>| {
             id.and_then(|id| self.text.tokenizer.token_bytes(id).ok())
                 .map(|b| String::from_utf8_lossy(b).into_owned())
@@ -278,7 +292,12 @@ impl<B: Backend> Engine<B> {
         };
         let info = self.model.info();
         let (bos, eos) = (text(info.bos_token_id), text(info.eos_token_ids.first().copied()));
-        let template = ChatTemplate::new(&source, &bos, &eos).with_context(|| path.display().to_string())?;
+        let template = ChatTemplate::new(&source, &bos, &eos).map_err(|e| match e {
+            TemplateError::Compile(m) => {
+                TemplateError::File { path: path.to_owned(), message: format!("does not compile: {m}") }
+            }
+            e => e,
+        })?;
         self.text.chat_template = Some(template);
         self.text.chat_template_error = None;
         Ok(())
@@ -295,15 +314,15 @@ impl<B: Backend> Engine<B> {
     }
 
     /// [`ModelText::chat_prompt_ids`].
-    pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
+    pub fn chat_prompt_ids(&self, messages: &[Message]) -> Result<Vec<u32>, TemplateError> {
         self.text.chat_prompt_ids(messages)
     }
 
     /// A session (a conversation) for up to `capacity` positions, capped by the model's
     /// context.
-    pub fn new_session(&self, capacity: usize) -> anyhow::Result<Session<'_, B>> {
+    pub fn new_session(&self, capacity: usize) -> Session<'_, B> {
         let capacity = capacity.min(self.model.info().context_length).max(1);
-        Ok(Session { scheduler: self.scheduler(SchedulerConfig::single(capacity)), capacity })
+        Session { scheduler: self.scheduler(SchedulerConfig::single(capacity)), capacity }
     }
 
     /// A scheduler over this engine's model (the engine core every command runs on).
@@ -322,16 +341,19 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
-    pub fn logits_all(&self, ids: &[u32]) -> anyhow::Result<HostMatrix> {
-        let mut cache = self.model.new_cache(&self.backend, ids.len())?;
-        let seqs = [SeqSlice { rows: 0..ids.len(), start_pos: 0 }];
-        let out = self.model.forward(
-            &self.backend,
-            &Batch { tokens: ids, seqs: &seqs },
-            &mut [&mut cache],
-            LogitRows::All,
-        )?;
-        self.backend.read(&out)
+    pub fn logits_all(&self, ids: &[u32]) -> Result<HostMatrix, EngineError> {
+        let run = || -> anyhow::Result<HostMatrix> {
+            let mut cache = self.model.new_cache(&self.backend, ids.len())?;
+            let seqs = [SeqSlice { rows: 0..ids.len(), start_pos: 0 }];
+            let out = self.model.forward(
+                &self.backend,
+                &Batch { tokens: ids, seqs: &seqs },
+                &mut [&mut cache],
+                LogitRows::All,
+            )?;
+            self.backend.read(&out)
+        };
+        run().map_err(|e| EngineError::Run(format!("{e:#}")))
     }
 
     /// The context a run may use: the model's `n_positions`, capped by `max_context`

@@ -7,10 +7,8 @@
 //! The estimate is `exp(mean NLL)`, its uncertainty llama.cpp's
 //! `sqrt((mean(NLL²) − mean(NLL)²) / (count − 1)) · PPL`.
 
-use anyhow::ensure;
-
 use crate::backend::Backend;
-use crate::engine::{Engine, score_on};
+use crate::engine::{Engine, EngineError, score_on};
 
 /// The running totals after each window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -60,18 +58,26 @@ impl<B: Backend> Engine<B> {
         n_ctx: usize,
         max_windows: Option<usize>,
         mut on_window: impl FnMut(&PerplexityState) -> anyhow::Result<()>,
-    ) -> anyhow::Result<PerplexityState> {
+    ) -> Result<PerplexityState, EngineError> {
         let context = self.model.info().context_length;
-        ensure!(n_ctx >= 4, "-c {n_ctx}: windows need at least 4 tokens (half of each is scored)");
-        ensure!(n_ctx <= context, "-c {n_ctx} exceeds the model's context of {context} tokens");
+        let refuse = |m: String| Err(EngineError::Windows(m));
+        if n_ctx < 4 {
+            return refuse(format!("-c {n_ctx}: windows need at least 4 tokens (half of each is scored)"));
+        }
+        if n_ctx > context {
+            return refuse(format!("-c {n_ctx} exceeds the model's context of {context} tokens"));
+        }
         let n = windows(tokens.len(), n_ctx);
-        ensure!(
-            n >= 2,
-            "the text is {} tokens; perplexity with -c {n_ctx} needs at least {} (two windows, as llama.cpp)",
-            tokens.len(),
-            2 * n_ctx
-        );
-        ensure!(max_windows != Some(0), "score at least one window");
+        if n < 2 {
+            return refuse(format!(
+                "the text is {} tokens; perplexity with -c {n_ctx} needs at least {} (two windows, as llama.cpp)",
+                tokens.len(),
+                2 * n_ctx
+            ));
+        }
+        if max_windows == Some(0) {
+            return refuse("score at least one window".into());
+        }
         let n = max_windows.map_or(n, |m| m.min(n));
         let bos = self.text.tokenizer.bos_to_add();
         let first = n_ctx / 2;
@@ -100,9 +106,14 @@ impl<B: Backend> Engine<B> {
                     j += 1;
                 }
             })
-            .map_err(|e| anyhow::anyhow!("window {} (tokens {start}..{}): {e:#}", w + 1, start + n_ctx))?;
+            .map_err(|e| match e {
+                EngineError::Run(m) => {
+                    EngineError::Run(format!("window {} (tokens {start}..{}): {m}", w + 1, start + n_ctx))
+                }
+                e => e,
+            })?;
             state.windows += 1;
-            on_window(&state)?;
+            on_window(&state).map_err(|e| EngineError::Callback(e.into()))?;
         }
         Ok(state)
     }

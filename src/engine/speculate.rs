@@ -19,8 +19,9 @@
 //! - [`ModelDrafter`]: a small model with the same tokenizer, decoding greedily ahead
 //!   on its own KV caches (llama.cpp's `--model-draft`).
 
-use anyhow::{Context, ensure};
+use anyhow::Context;
 
+use super::EngineError;
 use super::sampler::argmax;
 use super::scheduler::INITIAL_SLACK;
 use crate::backend::{Backend, HostMatrix, KvCache, SeqSlice};
@@ -118,21 +119,23 @@ pub fn check_draft_vocabulary(
     draft_vocab: usize,
     target_token: impl Fn(u32) -> Option<Vec<u8>>,
     draft_token: impl Fn(u32) -> Option<Vec<u8>>,
-) -> anyhow::Result<()> {
-    ensure!(
-        target_vocab.abs_diff(draft_vocab) <= MAX_DRAFT_VOCAB_DIFFERENCE,
-        "the draft model's vocabulary has {draft_vocab} tokens but the model's has {target_vocab} \
-         (at most {MAX_DRAFT_VOCAB_DIFFERENCE} apart); a draft model must share the model's tokenizer"
-    );
+) -> Result<(), EngineError> {
+    if target_vocab.abs_diff(draft_vocab) > MAX_DRAFT_VOCAB_DIFFERENCE {
+        return Err(EngineError::Speculation(format!(
+            "the draft model's vocabulary has {draft_vocab} tokens but the model's has {target_vocab} \
+             (at most {MAX_DRAFT_VOCAB_DIFFERENCE} apart); a draft model must share the model's tokenizer"
+        )));
+    }
     for id in 0..target_vocab.min(draft_vocab) as u32 {
         let (a, b) = (target_token(id), draft_token(id));
-        ensure!(
-            a == b,
-            "token {id} is {:?} in the model's vocabulary but {:?} in the draft model's; \
-             a draft model must share the model's tokenizer",
-            a.as_deref().map(String::from_utf8_lossy),
-            b.as_deref().map(String::from_utf8_lossy)
-        );
+        if a != b {
+            return Err(EngineError::Speculation(format!(
+                "token {id} is {:?} in the model's vocabulary but {:?} in the draft model's; \
+                 a draft model must share the model's tokenizer",
+                a.as_deref().map(String::from_utf8_lossy),
+                b.as_deref().map(String::from_utf8_lossy)
+            )));
+        }
     }
     Ok(())
 }

@@ -4,10 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-
 use crate::backend::Backend;
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Message, TemplateError};
 use crate::loaders::gguf::GgufFile;
 pub use crate::loaders::is_gguf;
 use crate::loaders::{WeightStore, Weights};
@@ -147,13 +145,11 @@ impl ModelText {
     /// with the assistant's turn opened (`add_generation_prompt`). The text is encoded as
     /// HF's `apply_chat_template` does: special-token text becomes its id, and nothing is
     /// added (the template writes any BOS itself).
-    pub fn chat_prompt_ids(&self, messages: &[Message]) -> anyhow::Result<Vec<u32>> {
+    pub fn chat_prompt_ids(&self, messages: &[Message]) -> Result<Vec<u32>, TemplateError> {
         let template = match (&self.chat_template, &self.chat_template_error) {
             (Some(t), _) => t,
-            (None, Some(e)) => bail!("the model's chat template cannot be used: {e}"),
-            (None, None) => bail!(
-                "this model has no chat template (GGUF tokenizer.chat_template, or chat_template in tokenizer_config.json)"
-            ),
+            (None, Some(e)) => return Err(TemplateError::Unusable(e.clone())),
+            (None, None) => return Err(TemplateError::Missing),
         };
         Ok(self.tokenizer.encode(&template.render(messages, true)?))
     }
@@ -199,7 +195,7 @@ pub fn load_model<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, Loa
         LoadStep::Weights(cause) => weights_error(cause),
     })?;
     let tokenizer = Tokenizer::from_dir(path)?;
-    let chat_template = ChatTemplate::from_dir(path).with_context(|| format!("{}: chat template", path.display()));
+    let chat_template = ChatTemplate::from_dir(path).map_err(|e| format!("{}: chat template: {e}", path.display()));
     finish(model, tokenizer, chat_template, &[])
 }
 
@@ -220,7 +216,7 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, LoadErro
     };
     let tokenizer = Tokenizer::from_gguf(&file)?;
     let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
-        .with_context(|| format!("{}: tokenizer.chat_template", path.display()));
+        .map_err(|e| format!("{}: tokenizer.chat_template: {e}", path.display()));
     let token_id = |key: &str| {
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };
@@ -242,12 +238,12 @@ const END_OF_TURN_TEXTS: [&str; 8] =
 fn finish<B: Backend>(
     model: Box<dyn CausalLm<B>>,
     tokenizer: Tokenizer,
-    chat_template: anyhow::Result<Option<ChatTemplate>>,
+    chat_template: Result<Option<ChatTemplate>, impl std::fmt::Display>,
     extra_eog: &[u32],
 ) -> Result<Loaded<B>, LoadError> {
     let (chat_template, chat_template_error) = match chat_template {
         Ok(t) => (t, None),
-        Err(e) => (None, Some(format!("{e:#}"))),
+        Err(e) => (None, Some(e.to_string())),
     };
     check_vocab(&tokenizer, model.as_ref())?;
     let mut end_of_generation = model.info().eos_token_ids.clone();
