@@ -46,8 +46,9 @@ fn touch<const FAR: bool>(pf: Prefetch, q: *const u8, dm: *const u8, scales: boo
 /// portable path's.
 ///
 /// A value of an implementing type is the proof that its instruction set is available:
-/// one is made only inside [`panel_dot_avx2`] or [`panel_dot_vnni`], whose callers
-/// guarantee the features. Every method is inlined into those functions.
+/// only an `unsafe` constructor makes one, called inside [`panel_dot_avx2`] or
+/// [`panel_dot_vnni`], whose callers guarantee the features. Every method is inlined
+/// into those functions.
 trait Lanes: Copy {
     /// Panel rows per register.
     const ROWS: usize;
@@ -104,7 +105,9 @@ trait Lanes: Copy {
     fn shift16<const LEFT: bool, const K: u32>(self, a: Self::I) -> Self::I;
     fn add_i32(self, a: Self::I, b: Self::I) -> Self::I;
     fn mul_i32(self, a: Self::I, b: Self::I) -> Self::I;
-    /// `acc` + the four products of unsigned `u` (at most 63) and signed `x` per lane.
+    /// `acc` + the four products of unsigned `u` and signed `x` per lane, exactly where
+    /// each pair of products sums within i16 (AVX2's `maddubs`): `u` ≤ 63 against any
+    /// i8, or `u` ≤ 128 against |x| ≤ 127 as [`Lanes::dot4_q8`] uses it.
     fn dot4(self, acc: Self::I, u: Self::I, x: Self::I) -> Self::I;
     /// Q8_0 weights `w` made ready for [`Lanes::dot4_q8`], once for all activation rows.
     fn prep_q8(self, w: Self::I) -> Self::I;
@@ -203,13 +206,35 @@ macro_rules! same_shape {
     };
 }
 
-/// AVX2 (with FMA and F16C): eight rows a register.
-#[derive(Clone, Copy)]
-struct Avx2(());
+use proof::{Avx2, Vnni};
 
-/// AVX-512 F/BW/VL with VNNI: sixteen rows a register.
-#[derive(Clone, Copy)]
-struct Vnni(());
+/// The two widths, in a module of their own so that nothing else can make one without
+/// `unsafe`.
+mod proof {
+    /// AVX2 (with FMA and F16C): eight rows a register.
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx2(());
+
+    /// AVX-512 F/BW/VL with VNNI: sixteen rows a register.
+    #[derive(Clone, Copy)]
+    pub(super) struct Vnni(());
+
+    impl Avx2 {
+        /// # Safety
+        /// AVX2, FMA and F16C are available.
+        pub(super) unsafe fn new() -> Self {
+            Avx2(())
+        }
+    }
+
+    impl Vnni {
+        /// # Safety
+        /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C are available.
+        pub(super) unsafe fn new() -> Self {
+            Vnni(())
+        }
+    }
+}
 
 /// Intrinsics inside a [`Lanes`] method.
 macro_rules! isa {
@@ -253,7 +278,7 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     unsafe fn scales<const H: bool>(self, dm: *const u8, i: usize) -> __m256 {
-        // SAFETY: the ISA (see `Lanes`) and, for pointers, the caller's contract.
+        // SAFETY: the ISA (see `Lanes`) and the caller's contract for `dm`.
         unsafe {
             if H {
                 _mm256_cvtph_ps(_mm_loadu_si128(dm.add(2 * i) as *const __m128i))
@@ -264,7 +289,7 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     fn shift16<const LEFT: bool, const K: u32>(self, a: __m256i) -> __m256i {
-        // SAFETY: the ISA (see `Lanes`) and, for pointers, the caller's contract.
+        // SAFETY: the ISA (see `Lanes`).
         unsafe {
             match (LEFT, K) {
                 (true, 2) => _mm256_slli_epi16::<2>(a),
@@ -336,7 +361,7 @@ impl Lanes for Vnni {
     }
     #[inline(always)]
     unsafe fn scales<const H: bool>(self, dm: *const u8, i: usize) -> __m512 {
-        // SAFETY: the ISA (see `Lanes`) and, for pointers, the caller's contract.
+        // SAFETY: the ISA (see `Lanes`) and the caller's contract for `dm`.
         unsafe {
             if H {
                 _mm512_cvtph_ps(_mm256_loadu_si256(dm.add(2 * i) as *const __m256i))
@@ -347,7 +372,7 @@ impl Lanes for Vnni {
     }
     #[inline(always)]
     fn shift16<const LEFT: bool, const K: u32>(self, a: __m512i) -> __m512i {
-        // SAFETY: the ISA (see `Lanes`) and, for pointers, the caller's contract.
+        // SAFETY: the ISA (see `Lanes`).
         unsafe {
             match (LEFT, K) {
                 (true, 2) => _mm512_slli_epi16::<2>(a),
@@ -491,7 +516,7 @@ unsafe fn panel_dot<L: Lanes, const TY: u8, const H: bool, const N: usize, const
                     }
                 }
             } else if TY == 0 {
-                // [row][part][chain], each chain of a row started at −Q8_BIAS · Σx / chains.
+                // [row][part][chain]: chain 0 of a row starts at −Q8_BIAS · Σx, the other at 0.
                 let mut c = [l.parts([l.zero_i(); 2]); N];
                 for i in 0..N {
                     let start = l.splat_i32(-(*sum.add(i * nb + b) * L::Q8_BIAS));
@@ -595,7 +620,7 @@ pub(super) unsafe fn panel_dot_vnni<const TY: u8, const H: bool, const N: usize,
     out: &mut [[f32; PANEL]; TOKENS],
 ) {
     // SAFETY: the caller's contract; it makes the `Vnni` proof.
-    unsafe { panel_dot::<Vnni, TY, H, N, FAR>(Vnni(()), qs, dm, sub, nb, pf, x, d, s, sum, sum_lo, out) }
+    unsafe { panel_dot::<Vnni, TY, H, N, FAR>(Vnni::new(), qs, dm, sub, nb, pf, x, d, s, sum, sum_lo, out) }
 }
 
 /// [`panel_dot`] on AVX2, the panel's rows in two parts of eight.
@@ -619,7 +644,7 @@ pub(super) unsafe fn panel_dot_avx2<const TY: u8, const H: bool, const N: usize,
     out: &mut [[f32; PANEL]; TOKENS],
 ) {
     // SAFETY: the caller's contract; it makes the `Avx2` proof.
-    unsafe { panel_dot::<Avx2, TY, H, N, FAR>(Avx2(()), qs, dm, sub, nb, pf, x, d, s, sum, sum_lo, out) }
+    unsafe { panel_dot::<Avx2, TY, H, N, FAR>(Avx2::new(), qs, dm, sub, nb, pf, x, d, s, sum, sum_lo, out) }
 }
 
 /// `d` and `s` rounded to f16 (nearest even, as `half` rounds) and back, through F16C: the
