@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail, ensure};
 
-use crate::backend::{Backend, HostMatrix, SeqSlice};
+use crate::backend::{Backend, BackendError, HostMatrix, SeqSlice};
 use crate::compare::error_stats;
 use crate::loaders::safetensors::SafetensorsFile;
 use crate::model::{Batch, CausalLm, LogitRows, Stage};
@@ -273,10 +273,11 @@ pub fn verify<B: Backend>(
             LogitRows::All,
             &mut |stage, act| {
                 let want = p.stages.get(stages.len()).map(|s| s.0);
-                ensure!(
-                    want == Some(stage),
-                    "the model's stage {stage} does not line up with the reference's {want:?}"
-                );
+                if want != Some(stage) {
+                    return Err(BackendError::Invalid(format!(
+                        "the model's stage {stage} does not line up with the reference's {want:?}"
+                    )));
+                }
                 stages.push(backend.read(act)?);
                 Ok(())
             },

@@ -422,7 +422,10 @@ fn windows_drafts_and_templates_have_typed_errors() {
     let stop = |_: &_| Err(anyhow::anyhow!("enough"));
     assert!(matches!(e.perplexity(&text, 8, None, stop), Err(EngineError::Callback(_))));
     let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 0, draft_min: 0, batch_max: 1 };
-    assert!(matches!(e.speculate(bad, None), Err(EngineError::Speculation(m)) if m.contains("--draft-max")));
+    match e.speculate(bad, None) {
+        Err(err @ EngineError::Speculation(_)) => assert!(err.is_input() && err.to_string().contains("--draft-max")),
+        other => panic!("{other:?}"),
+    }
     let hi = [Message::new("user", "hi")];
     assert!(matches!(e.chat_prompt_ids(&hi), Err(TemplateError::Missing)));
     let dir = tempfile::tempdir().unwrap();
@@ -439,5 +442,12 @@ fn windows_drafts_and_templates_have_typed_errors() {
         other => panic!("{other:?}"),
     }
     let missing = dir.path().join("missing.jinja");
-    assert!(matches!(e.use_chat_template_file(&missing), Err(TemplateError::File { .. })));
+    match e.use_chat_template_file(&missing) {
+        Err(err @ TemplateError::File { .. }) => {
+            assert!(err.to_string().starts_with(&format!("{}: cannot read the chat template", missing.display())))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(e.logits_all(&[]), Err(EngineError::EmptyPrompt)));
+    assert!(matches!(e.logits_all(&[11; 129]), Err(EngineError::PromptTooLong { len: 129, n_ctx: 128, .. })));
 }

@@ -626,7 +626,7 @@ impl<B: Backend> batch_forge::model::CausalLm<B> for Counted<'_, B> {
     fn layer_window(&self, layer: usize) -> Option<usize> {
         self.inner.layer_window(layer)
     }
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+    fn new_cache(&self, backend: &B, capacity: usize) -> batch_forge::backend::BackendResult<B::KvCache> {
         self.max_capacity.fetch_max(capacity, Ordering::Relaxed);
         self.inner.new_cache(backend, capacity)
     }
@@ -636,8 +636,8 @@ impl<B: Backend> batch_forge::model::CausalLm<B> for Counted<'_, B> {
         batch: &batch_forge::model::Batch,
         caches: &mut [&mut B::KvCache],
         which: batch_forge::model::LogitRows<'_>,
-        trace: &mut dyn FnMut(batch_forge::model::Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act> {
+        trace: &mut dyn FnMut(batch_forge::model::Stage, &B::Act) -> batch_forge::backend::BackendResult<()>,
+    ) -> batch_forge::backend::BackendResult<B::Act> {
         self.max_rows.fetch_max(batch.tokens.len(), Ordering::Relaxed);
         self.inner.forward_traced(backend, batch, caches, which, trace)
     }

@@ -10,6 +10,25 @@
 //! call may come from several sequences, each at its own position ([`SeqSlice`]), so
 //! one call can prefill a prompt and decode a step for other sequences together.
 
+/// Returns [`BackendError::Invalid`] with the message (`format!`'s arguments) unless the
+/// condition holds: an op's arguments that do not fit each other.
+macro_rules! check {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::backend::BackendError::Invalid(format!($($msg)+)));
+        }
+    };
+}
+
+/// Returns [`BackendError::Invalid`] with the message (`format!`'s arguments).
+macro_rules! refuse {
+    ($($msg:tt)+) => {
+        return Err($crate::backend::BackendError::Invalid(format!($($msg)+)))
+    };
+}
+
+pub(crate) use {check, refuse};
+
 pub mod cpu;
 #[cfg(feature = "gpu")]
 pub mod gpu;
@@ -19,10 +38,31 @@ use std::ops::Range;
 
 use std::sync::Arc;
 
-use anyhow::ensure;
-
 use crate::tensor::{GgmlType, TensorView};
 pub use crate::tensor::{KvDtype, WeightDtype};
+
+/// Why a backend could not load a weight, make a cache or run an op. The models pass it
+/// on; the engine reports it as a failed step, the loader as a weights error.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The arguments do not fit each other or the backend's objects: shapes, caches,
+    /// positions, a tensor's type or bytes (a malformed file or a caller's bug).
+    #[error("{0}")]
+    Invalid(String),
+    /// Memory for a cache or a buffer could not be had, or its size overflows.
+    #[error("{0}")]
+    Memory(String),
+    /// This backend or its device does not run it (a head size, a KV type, an adapter's
+    /// missing feature).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The device failed: a GPU error, a lost device, a timeout, no adapter.
+    #[error("{0}")]
+    Device(String),
+}
+
+/// A backend's result.
+pub type BackendResult<T> = Result<T, BackendError>;
 
 /// The size of a KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,33 +214,33 @@ impl AttentionSpec {
     pub fn group(&self) -> usize {
         self.n_head / self.n_kv_head
     }
-    pub fn validate(&self) -> anyhow::Result<()> {
-        ensure!(self.n_head > 0 && self.n_kv_head > 0 && self.head_dim > 0, "attention: no heads");
-        ensure!(
+    pub fn validate(&self) -> BackendResult<()> {
+        check!(self.n_head > 0 && self.n_kv_head > 0 && self.head_dim > 0, "attention: no heads");
+        check!(
             self.n_head.is_multiple_of(self.n_kv_head),
             "attention: {} query heads do not share {} key/value heads evenly",
             self.n_head,
             self.n_kv_head
         );
-        ensure!(
+        check!(
             self.rope.is_none() || self.head_dim.is_multiple_of(2),
             "attention: RoPE needs an even head size, not {}",
             self.head_dim
         );
         if let Some(f) = self.rope.as_ref().and_then(|r| r.freq_factors.as_deref()) {
-            ensure!(
+            check!(
                 f.len() == self.head_dim / 2,
                 "attention: {} RoPE frequency factors for {} rotated pairs",
                 f.len(),
                 self.head_dim / 2
             );
-            ensure!(
+            check!(
                 f.iter().all(|x| x.is_finite() && *x > 0.0),
                 "attention: RoPE frequency factors must be finite and positive"
             );
         }
-        ensure!(self.qkv_width() <= 1 << 24, "attention: implausibly wide heads");
-        ensure!(self.window != Some(0), "attention: a sliding window of 0 keys");
+        check!(self.qkv_width() <= 1 << 24, "attention: implausibly wide heads");
+        check!(self.window != Some(0), "attention: a sliding window of 0 keys");
         Ok(())
     }
 }
@@ -269,21 +309,21 @@ impl KvLayout {
 
     /// One window per layer; slot counts between 1 and the capacity (0 only for an empty
     /// cache), and a ring only for a layer whose window it holds.
-    pub fn check(&self) -> anyhow::Result<()> {
-        ensure!(
+    pub fn check(&self) -> BackendResult<()> {
+        check!(
             self.windows.len() == self.slots.len(),
             "KV layout: {} windows for {} layers",
             self.windows.len(),
             self.slots.len()
         );
         for (layer, (&s, &w)) in self.slots.iter().zip(&self.windows).enumerate() {
-            ensure!(
+            check!(
                 s <= self.capacity && (s > 0 || self.capacity == 0),
                 "KV layout: layer {layer} stores {s} of {} positions",
                 self.capacity
             );
-            ensure!(w != Some(0), "KV layout: layer {layer} has a window of 0 keys");
-            ensure!(
+            check!(w != Some(0), "KV layout: layer {layer} has a window of 0 keys");
+            check!(
                 s == self.capacity || w.is_some_and(|w| w <= s),
                 "KV layout: layer {layer} keeps the last {s} of {} positions but attends to {}",
                 self.capacity,
@@ -480,10 +520,10 @@ pub fn check_attention<K: KvCache>(
     caches: &[&mut K],
     layer: usize,
     spec: &AttentionSpec,
-) -> anyhow::Result<()> {
-    ensure!(seqs.len() == caches.len(), "attention: {} sequences but {} KV caches", seqs.len(), caches.len());
+) -> BackendResult<()> {
+    check!(seqs.len() == caches.len(), "attention: {} sequences but {} KV caches", seqs.len(), caches.len());
     spec.validate()?;
-    ensure!(
+    check!(
         qkv_cols == spec.qkv_width(),
         "attention: qkv width {qkv_cols}, but {} query and 2 × {} key/value heads of {} make {}",
         spec.n_head,
@@ -494,17 +534,17 @@ pub fn check_attention<K: KvCache>(
     let c = spec.kv_width();
     let mut covered = 0;
     for (s, cache) in seqs.iter().zip(caches) {
-        ensure!(
+        check!(
             s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= qkv_rows,
             "attention: sequence rows {:?} do not continue the batch's rows in order (next row {covered} of {qkv_rows})",
             s.rows
         );
         covered = s.rows.end;
         let shape = cache.shape();
-        ensure!(shape.width == c, "attention: KV cache width {} but the key/value heads are {c} wide", shape.width);
-        ensure!(layer < shape.n_layer, "attention: layer {layer} but the KV cache has {} layers", shape.n_layer);
+        check!(shape.width == c, "attention: KV cache width {} but the key/value heads are {c} wide", shape.width);
+        check!(layer < shape.n_layer, "attention: layer {layer} but the KV cache has {} layers", shape.n_layer);
         let end = s.start_pos.checked_add(s.rows.len());
-        ensure!(
+        check!(
             end.is_some_and(|e| e <= shape.capacity),
             "attention: positions {}..{} do not fit the KV cache of {} positions",
             s.start_pos,
@@ -513,7 +553,7 @@ pub fn check_attention<K: KvCache>(
         );
         let rings = cache.rings();
         if rings.is_ring(layer) {
-            ensure!(
+            check!(
                 spec.window.is_some_and(|w| w <= rings.slots(layer)),
                 "attention: layer {layer} of the KV cache keeps the last {} positions, but it attends to {}",
                 rings.slots(layer),
@@ -521,7 +561,7 @@ pub fn check_attention<K: KvCache>(
             );
         }
         let first = spec.first_key(s.start_pos);
-        ensure!(
+        check!(
             first == s.start_pos || first >= rings.held_from(layer),
             "attention: position {} needs the keys of layer {layer} from position {first}, but the KV cache \
              holds them from {} on (overwritten by later positions)",
@@ -529,15 +569,15 @@ pub fn check_attention<K: KvCache>(
             rings.held_from(layer)
         );
     }
-    ensure!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");
+    check!(covered == qkv_rows, "attention: the sequences cover {covered} of the batch's {qkv_rows} rows");
     Ok(())
 }
 
 /// The checks of [`Backend::qk_norm`]: a `qkv` of the spec's width, gains of `head_dim`.
-pub fn check_qk_norm(qkv_cols: usize, spec: &AttentionSpec, q_gain: usize, k_gain: usize) -> anyhow::Result<()> {
+pub fn check_qk_norm(qkv_cols: usize, spec: &AttentionSpec, q_gain: usize, k_gain: usize) -> BackendResult<()> {
     spec.validate()?;
-    ensure!(qkv_cols == spec.qkv_width(), "qk_norm: qkv width {qkv_cols}, but the heads make {}", spec.qkv_width());
-    ensure!(
+    check!(qkv_cols == spec.qkv_width(), "qk_norm: qkv width {qkv_cols}, but the heads make {}", spec.qkv_width());
+    check!(
         q_gain == spec.head_dim && k_gain == spec.head_dim,
         "qk_norm: gains of {q_gain} and {k_gain} for heads of {}",
         spec.head_dim
@@ -563,10 +603,10 @@ pub struct SeqSlice {
 }
 
 /// The checks of [`Backend::copy_kv_prefix`]: same layers and width, `n` inside both.
-pub fn check_kv_copy<K: KvCache>(src: &K, dst: &K, n: usize, head_dim: usize) -> anyhow::Result<()> {
+pub fn check_kv_copy<K: KvCache>(src: &K, dst: &K, n: usize, head_dim: usize) -> BackendResult<()> {
     let (a, b) = (src.shape(), dst.shape());
-    ensure!(head_dim > 0 && a.width.is_multiple_of(head_dim), "KV copy: heads of {head_dim} in a width of {}", a.width);
-    ensure!(
+    check!(head_dim > 0 && a.width.is_multiple_of(head_dim), "KV copy: heads of {head_dim} in a width of {}", a.width);
+    check!(
         a.n_layer == b.n_layer && a.width == b.width,
         "KV copy between caches of different shapes ({} × {} and {} × {})",
         a.n_layer,
@@ -574,7 +614,7 @@ pub fn check_kv_copy<K: KvCache>(src: &K, dst: &K, n: usize, head_dim: usize) ->
         b.n_layer,
         b.width
     );
-    ensure!(
+    check!(
         n <= a.capacity && n <= b.capacity,
         "KV copy of {n} positions between caches of {} and {}",
         a.capacity,
@@ -610,11 +650,11 @@ impl HostMatrix {
 
 /// `n` zeros, or an error naming the KV cache's size when memory cannot be had (a
 /// context from a file can ask for more than the machine holds: an error, not an abort).
-pub fn kv_zeros<T: Copy>(n: usize, zero: T, n_layer: usize) -> anyhow::Result<Vec<T>> {
+pub fn kv_zeros<T: Copy>(n: usize, zero: T, n_layer: usize) -> BackendResult<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| {
         let gib = (n as f64) * (std::mem::size_of::<T>() as f64) * 2.0 * n_layer as f64 / (1u64 << 30) as f64;
-        anyhow::anyhow!("cannot allocate a KV cache of {gib:.1} GiB; use a smaller context (-c)")
+        BackendError::Memory(format!("cannot allocate a KV cache of {gib:.1} GiB; use a smaller context (-c)"))
     })?;
     v.resize(n, zero);
     Ok(v)
@@ -629,10 +669,11 @@ pub fn dequantized_matrix<B: Backend + ?Sized>(
     n_out: usize,
     n_in: usize,
     bytes: &[u8],
-) -> anyhow::Result<B::Matrix> {
-    let values = crate::quant::dequantize(ty, bytes).map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+) -> BackendResult<B::Matrix> {
+    let values =
+        crate::quant::dequantize(ty, bytes).map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
     crate::tensor::release(bytes);
-    ensure!(
+    check!(
         Some(values.len()) == n_out.checked_mul(n_in),
         "tensor {name:?}: {} values decoded for a [{n_out}, {n_in}] matrix",
         values.len()
@@ -659,7 +700,7 @@ pub trait Backend: Sync + 'static {
     /// Short name shown to users ("reference", "cpu", "gpu").
     fn name(&self) -> String;
 
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<Self::Matrix>;
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> BackendResult<Self::Matrix>;
     /// A block-quantized GGUF matrix stored `[n_out, n_in]` (rows of `ty` blocks), used
     /// as [`MatrixLayout::OutIn`]. The default decodes it to f32 exactly
     /// ([`dequantized_matrix`]); a backend with kernels for `ty` keeps it quantized.
@@ -670,17 +711,17 @@ pub trait Backend: Sync + 'static {
         n_out: usize,
         n_in: usize,
         bytes: &[u8],
-    ) -> anyhow::Result<Self::Matrix> {
+    ) -> BackendResult<Self::Matrix> {
         dequantized_matrix(self, name, ty, n_out, n_in, bytes)
     }
-    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Self::Vector>;
+    fn load_vector(&self, t: &TensorView) -> BackendResult<Self::Vector>;
     /// KV storage for `capacity` positions of `n_layer` layers, `width` values per position.
-    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> anyhow::Result<Self::KvCache> {
+    fn new_kv_cache(&self, n_layer: usize, capacity: usize, width: usize) -> BackendResult<Self::KvCache> {
         self.new_kv_cache_in(&KvLayout::full(n_layer, capacity, width))
     }
     /// KV storage laid out as `layout` says: rings for the layers that store fewer
     /// positions than the capacity ([`KvLayout`]).
-    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<Self::KvCache>;
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> BackendResult<Self::KvCache>;
 
     /// Copy the keys and values of positions `0..n` of every layer from `src` into `dst`,
     /// whose heads are `head_dim` wide (a prefix-cache hit: the server reuses a cached
@@ -694,8 +735,8 @@ pub trait Backend: Sync + 'static {
         _dst: &mut Self::KvCache,
         _n: usize,
         _head_dim: usize,
-    ) -> anyhow::Result<()> {
-        anyhow::bail!("the {} backend cannot copy KV caches", self.name())
+    ) -> BackendResult<()> {
+        Err(BackendError::Unsupported(format!("the {} backend cannot copy KV caches", self.name())))
     }
 
     /// Activations from host data (inputs for tests and parity checks).
@@ -731,7 +772,7 @@ pub trait Backend: Sync + 'static {
         q_gain: &Self::Vector,
         k_gain: &Self::Vector,
         eps: f32,
-    ) -> anyhow::Result<()>;
+    ) -> BackendResult<()>;
     /// Causal attention (layout of `qkv` in [`AttentionSpec`]). RoPE, if any, is applied
     /// to each row's queries and keys at its position; each sequence's keys and values are
     /// then written into its cache, and every row attends over positions `0..=pos` of its
@@ -745,18 +786,18 @@ pub trait Backend: Sync + 'static {
         caches: &mut [&mut Self::KvCache],
         layer: usize,
         spec: &AttentionSpec,
-    ) -> anyhow::Result<Self::Act>;
+    ) -> BackendResult<Self::Act>;
     /// Whether this backend runs attention of this shape; models ask at load time, so an
     /// unsupported model fails before any work.
-    fn supports(&self, spec: &AttentionSpec) -> anyhow::Result<()> {
+    fn supports(&self, spec: &AttentionSpec) -> BackendResult<()> {
         spec.validate()
     }
     /// The given rows of `x`, in order.
     fn select_rows(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
     /// Copy to host memory, reusing `out`'s allocation.
-    fn to_host(&self, x: &Self::Act, out: &mut HostMatrix) -> anyhow::Result<()>;
+    fn to_host(&self, x: &Self::Act, out: &mut HostMatrix) -> BackendResult<()>;
     /// Copy to a new host matrix.
-    fn read(&self, x: &Self::Act) -> anyhow::Result<HostMatrix> {
+    fn read(&self, x: &Self::Act) -> BackendResult<HostMatrix> {
         let mut out = HostMatrix::zeros(0, 0);
         self.to_host(x, &mut out)?;
         Ok(out)
@@ -766,7 +807,7 @@ pub trait Backend: Sync + 'static {
     /// lowest on ties) into `out`, so only ids cross to the host; [`NON_FINITE_ROW`]
     /// for a row holding a NaN or an infinity. Returns `Ok(false)` when the backend has
     /// no such kernel; the caller then reads the logits instead.
-    fn argmax_rows(&self, _x: &Self::Act, _out: &mut Vec<u32>) -> anyhow::Result<bool> {
+    fn argmax_rows(&self, _x: &Self::Act, _out: &mut Vec<u32>) -> BackendResult<bool> {
         Ok(false)
     }
 

@@ -5,12 +5,11 @@
 //! where it is free to do so: independent output rows and column blocks of a matmul,
 //! independent rows of attention.
 
-use anyhow::{bail, ensure};
 use rayon::prelude::*;
 
 use super::{
-    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, SeqSlice, attention_pieces,
-    check_attention, rope_row,
+    AttentionSpec, Backend, BackendError, BackendResult, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout,
+    SeqSlice, attention_pieces, check_attention, rope_row,
 };
 use crate::tensor::TensorView;
 
@@ -46,8 +45,8 @@ impl KvCache for RefKvCache {
     }
 }
 
-fn f32_data(t: &TensorView) -> anyhow::Result<Vec<f32>> {
-    t.to_f32().map_err(anyhow::Error::msg)
+fn f32_data(t: &TensorView) -> BackendResult<Vec<f32>> {
+    t.to_f32().map_err(BackendError::Invalid)
 }
 
 /// Dot product with eight independent partial sums (the compiler vectorizes this).
@@ -93,8 +92,8 @@ impl Backend for ReferenceBackend {
         "reference".into()
     }
 
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<RefMatrix> {
-        let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> BackendResult<RefMatrix> {
+        let &[rows, cols] = t.shape else { refuse!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
         let (n_in, n_out) = match layout {
             MatrixLayout::InOut => (rows, cols),
             MatrixLayout::OutIn => (cols, rows),
@@ -102,12 +101,12 @@ impl Backend for ReferenceBackend {
         Ok(RefMatrix { layout, n_in, n_out, data: f32_data(t)? })
     }
 
-    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
-        ensure!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
+    fn load_vector(&self, t: &TensorView) -> BackendResult<Vec<f32>> {
+        check!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
         f32_data(t)
     }
 
-    fn copy_kv_prefix(&self, src: &RefKvCache, dst: &mut RefKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+    fn copy_kv_prefix(&self, src: &RefKvCache, dst: &mut RefKvCache, n: usize, head_dim: usize) -> BackendResult<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
         let w = src.width;
         for (layer, ((sk, sv), (dk, dv))) in src.layers.iter().zip(dst.layers.iter_mut()).enumerate() {
@@ -120,17 +119,19 @@ impl Backend for ReferenceBackend {
         Ok(())
     }
 
-    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<RefKvCache> {
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> BackendResult<RefKvCache> {
         layout.check()?;
         let n_layer = layout.slots.len();
         let layers = layout
             .slots
             .iter()
             .map(|&slots| {
-                let n = slots.checked_mul(layout.width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+                let n = slots
+                    .checked_mul(layout.width)
+                    .ok_or_else(|| BackendError::Memory("KV cache size overflows".into()))?;
                 Ok((super::kv_zeros(n, 0.0, n_layer)?, super::kv_zeros(n, 0.0, n_layer)?))
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<BackendResult<Vec<_>>>()?;
         Ok(RefKvCache { capacity: layout.capacity, width: layout.width, layers, rings: KvRings::new(layout) })
     }
 
@@ -252,7 +253,7 @@ impl Backend for ReferenceBackend {
         q_gain: &Vec<f32>,
         k_gain: &Vec<f32>,
         eps: f32,
-    ) -> anyhow::Result<()> {
+    ) -> BackendResult<()> {
         super::check_qk_norm(qkv.cols, spec, q_gain.len(), k_gain.len())?;
         let (hd, nq, nk) = (spec.head_dim, spec.n_head, spec.n_kv_head);
         for row in qkv.data.chunks_mut(qkv.cols) {
@@ -270,7 +271,7 @@ impl Backend for ReferenceBackend {
         caches: &mut [&mut RefKvCache],
         layer: usize,
         spec: &AttentionSpec,
-    ) -> anyhow::Result<HostMatrix> {
+    ) -> BackendResult<HostMatrix> {
         check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
         let (hd, qw, kw) = (spec.head_dim, spec.q_width(), spec.kv_width());
         // 1. Rotate queries and keys.
@@ -338,7 +339,7 @@ impl Backend for ReferenceBackend {
         out
     }
 
-    fn to_host(&self, x: &HostMatrix, out: &mut HostMatrix) -> anyhow::Result<()> {
+    fn to_host(&self, x: &HostMatrix, out: &mut HostMatrix) -> BackendResult<()> {
         out.reshape(x.rows, x.cols);
         out.data.copy_from_slice(&x.data);
         Ok(())

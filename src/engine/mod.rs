@@ -157,9 +157,9 @@ pub struct Generation {
     pub accepted_tokens: usize,
 }
 
-/// Why a generation or a scoring run failed: the prompt or the parameters (the caller's),
-/// the engine's run (a failed step: non-finite logits, a cache that could not grow, a
-/// constraint), or the caller's own `on_token` callback.
+/// Why a generation, a scoring or perplexity run, or a setting failed: the prompt or the
+/// parameters (the caller's), the engine's run (a failed step: non-finite logits, a cache
+/// that could not grow, a constraint), or the caller's own callback.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("the prompt is empty (and the model has no BOS token to start from)")]
@@ -184,7 +184,8 @@ pub enum EngineError {
     /// Perplexity's windows and the text they cut (`-c`, `--chunks`, the text's length).
     #[error("{0}")]
     Windows(String),
-    /// The caller's `on_token` failed (its error, whole: its chain is kept).
+    /// The caller's `on_token` (or perplexity's `on_window`) failed (its error, whole: its
+    /// chain is kept).
     #[error(transparent)]
     Callback(Box<dyn std::error::Error + Send + Sync>),
 }
@@ -342,6 +343,7 @@ impl<B: Backend> Engine<B> {
 
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
     pub fn logits_all(&self, ids: &[u32]) -> Result<HostMatrix, EngineError> {
+        self.check_prompt(ids.len(), None)?;
         let run = || -> anyhow::Result<HostMatrix> {
             let mut cache = self.model.new_cache(&self.backend, ids.len())?;
             let seqs = [SeqSlice { rows: 0..ids.len(), start_pos: 0 }];
@@ -351,7 +353,7 @@ impl<B: Backend> Engine<B> {
                 &mut [&mut cache],
                 LogitRows::All,
             )?;
-            self.backend.read(&out)
+            Ok(self.backend.read(&out)?)
         };
         run().map_err(|e| EngineError::Run(format!("{e:#}")))
     }

@@ -107,8 +107,8 @@ impl<B: Backend> Engine<B> {
                 }
             })
             .map_err(|e| match e {
-                EngineError::Run(m) => {
-                    EngineError::Run(format!("window {} (tokens {start}..{}): {m}", w + 1, start + n_ctx))
+                EngineError::Run(_) | EngineError::Dropped => {
+                    EngineError::Run(format!("window {} (tokens {start}..{}): {e}", w + 1, start + n_ctx))
                 }
                 e => e,
             })?;

@@ -140,8 +140,8 @@ impl Weights {
 pub fn load_matrix<B: Backend>(backend: &B, t: &Tensor) -> anyhow::Result<B::Matrix> {
     let &[n_out, n_in] = &t.shape[..] else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
     match &t.data {
-        TensorData::Quantized { ty, bytes } => backend.load_quantized(&t.name, *ty, n_out, n_in, bytes),
-        TensorData::Float { .. } => backend.load_matrix(&t.view()?, MatrixLayout::OutIn),
+        TensorData::Quantized { ty, bytes } => Ok(backend.load_quantized(&t.name, *ty, n_out, n_in, bytes)?),
+        TensorData::Float { .. } => Ok(backend.load_matrix(&t.view()?, MatrixLayout::OutIn)?),
     }
 }
 

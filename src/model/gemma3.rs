@@ -21,10 +21,10 @@
 //! Gemma's RMSNorm multiplies by `1 + w`; llama.cpp's converter stores `1 + w` in the
 //! GGUF, and an HF checkpoint's `w` gets its `1 +` at load, so both run [`Backend::rms_norm`].
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use serde::Deserialize;
 
-use crate::backend::{AttentionSpec, Backend, Rope, RopeScaling, RopeStyle};
+use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, Rope, RopeScaling, RopeStyle};
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
 use crate::loaders::gguf::{GgufFile, MetaValue};
 use crate::loaders::llama_config::{rope_scaling_of_gguf, rope_scaling_of_hf};
@@ -433,7 +433,7 @@ impl<B: Backend> Gemma3<B> {
                 g.iter_mut().for_each(|w| *w += 1.0);
             }
             let bytes: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
-            backend.load_vector(&TensorView { name, dtype: Dtype::F32, shape: &[n], bytes: &bytes })
+            Ok(backend.load_vector(&TensorView { name, dtype: Dtype::F32, shape: &[n], bytes: &bytes })?)
         };
         let matrix = |t: Tensor| load_matrix(backend, &t);
         let global_factors: Option<std::sync::Arc<[f32]>> =
@@ -545,15 +545,15 @@ impl<B: Backend> CausalLm<B> for Gemma3<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act> {
+        trace: &mut dyn FnMut(Stage, &B::Act) -> BackendResult<()>,
+    ) -> BackendResult<B::Act> {
         check_batch(&self.info, self.kv_width(), batch, caches)?;
         check_logit_rows(&which, batch.tokens.len())?;
         let (eps, seqs) = (self.config.rms_norm_eps, batch.seqs);
         let mut x = backend.embed(&self.embed, batch.tokens); // (T, C)
         backend.scale(&mut x, (self.config.hidden_size as f32).sqrt());
         trace(Stage::Embeddings, &x)?;
-        let first = self.blocks.first().context("the model has no blocks")?;
+        let first = self.blocks.first().ok_or_else(|| BackendError::Invalid("the model has no blocks".into()))?;
         let mut h = backend.rms_norm(&x, &first.attn_norm, eps); // (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
             let mut qkv = backend.linear(&h, &b.wqkv, None); // (T, (H + 2·Hkv)·D)

@@ -15,9 +15,9 @@
 //! `save_pretrained` writes `transformer.h.0...`; `h.N.attn.bias` is the causal-mask
 //! buffer, not a parameter, and is ignored.
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
 
-use crate::backend::{AttentionSpec, Backend, MatrixLayout};
+use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, MatrixLayout};
 use crate::loaders::Gpt2Config;
 use crate::loaders::checkpoint::{Tensor, TensorData, Weights, load_matrix};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
@@ -96,13 +96,15 @@ impl<B: Backend> Gpt2<B> {
         let prefix = if !gguf && weights.get("transformer.wte.weight")?.is_some() { "transformer." } else { "" };
         let n = Names { weights, prefix, gguf };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
-        let vector = |name: &str, len: usize| backend.load_vector(&n.get(name, &[len])?.to_float()?.view()?);
+        let vector = |name: &str, len: usize| -> anyhow::Result<B::Vector> {
+            Ok(backend.load_vector(&n.get(name, &[len])?.to_float()?.view()?)?)
+        };
         // A linear layer's weight: `[in, out]` Conv1D from HF, `[out, in]` rows from GGUF.
         let weight = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<B::Matrix> {
             if gguf {
                 load_matrix(backend, &n.get(name, &[n_out, n_in])?)
             } else {
-                backend.load_matrix(&n.get(name, &[n_in, n_out])?.view()?, MatrixLayout::InOut)
+                Ok(backend.load_matrix(&n.get(name, &[n_in, n_out])?.view()?, MatrixLayout::InOut)?)
             }
         };
         let table = |name: &str, rows: usize| load_matrix(backend, &n.get(name, &[rows, c])?);
@@ -203,8 +205,8 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act> {
+        trace: &mut dyn FnMut(Stage, &B::Act) -> BackendResult<()>,
+    ) -> BackendResult<B::Act> {
         let cfg = &self.config;
         let (tokens, seqs) = (batch.tokens, batch.seqs);
         check_batch(&self.info, self.kv_width(), batch, caches)?;
@@ -229,7 +231,8 @@ impl<B: Backend> CausalLm<B> for Gpt2<B> {
         let mut x = backend.embed(&self.wte, tokens); // (T, C)
         backend.add(&mut x, &backend.embed(&self.wpe, positions));
         trace(Stage::Embeddings, &x)?;
-        let first_ln = &self.blocks.first().context("the model has no blocks")?.ln_1;
+        let first_ln =
+            &self.blocks.first().ok_or_else(|| BackendError::Invalid("the model has no blocks".into()))?.ln_1;
         let mut h = backend.layer_norm(&x, &first_ln.0, &first_ln.1, eps); // ln_1(x): (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
             // Attention: x = x + c_proj(attn(c_attn(ln_1(x)))).

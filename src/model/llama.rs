@@ -18,9 +18,9 @@
 //! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`]. Qwen's
 //! GGUF files keep HF's row order: their RoPE rotates halves in both layouts.
 
-use anyhow::{Context, ensure};
+use anyhow::ensure;
 
-use crate::backend::{AttentionSpec, Backend, Rope, RopeStyle};
+use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
 use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
 use crate::loaders::llama_config::LlamaVariant;
@@ -135,7 +135,9 @@ impl<B: Backend> Llama<B> {
         let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (qw, kw) = (spec.q_width(), spec.kv_width());
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);
-        let vector = |name: &str| backend.load_vector(&get(name, &[c])?.to_float()?.view()?);
+        let vector = |name: &str| -> anyhow::Result<B::Vector> {
+            Ok(backend.load_vector(&get(name, &[c])?.to_float()?.view()?)?)
+        };
         let matrix = |t: Tensor| load_matrix(backend, &t);
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -171,10 +173,10 @@ impl<B: Backend> Llama<B> {
                 };
                 let qk_norm = match config.variant {
                     LlamaVariant::Qwen3 => {
-                        let norm = |part: &str| {
+                        let norm = |part: &str| -> anyhow::Result<B::Vector> {
                             let t = get(&n(part), &[spec.head_dim])?;
                             let t = t.to_float()?;
-                            backend.load_vector(&t.view()?)
+                            Ok(backend.load_vector(&t.view()?)?)
                         };
                         Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
                     }
@@ -261,14 +263,14 @@ impl<B: Backend> CausalLm<B> for Llama<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act> {
+        trace: &mut dyn FnMut(Stage, &B::Act) -> BackendResult<()>,
+    ) -> BackendResult<B::Act> {
         check_batch(&self.info, self.kv_width(), batch, caches)?;
         check_logit_rows(&which, batch.tokens.len())?;
         let (eps, seqs) = (self.config.rms_norm_eps, batch.seqs);
         let mut x = backend.embed(&self.embed, batch.tokens); // (T, C)
         trace(Stage::Embeddings, &x)?;
-        let first = self.blocks.first().context("the model has no blocks")?;
+        let first = self.blocks.first().ok_or_else(|| BackendError::Invalid("the model has no blocks".into()))?;
         let mut h = backend.rms_norm(&x, &first.attn_norm, eps); // (T, C)
         for (layer, b) in self.blocks.iter().enumerate() {
             // Attention: x = x + Wo · attention(rope(q), rope(k), v).

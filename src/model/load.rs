@@ -215,8 +215,10 @@ fn load_gguf<B: Backend>(backend: &B, path: &Path) -> Result<Loaded<B>, LoadErro
         });
     };
     let tokenizer = Tokenizer::from_gguf(&file)?;
-    let chat_template = ChatTemplate::from_gguf(&file, &tokenizer)
-        .map_err(|e| format!("{}: tokenizer.chat_template: {e}", path.display()));
+    let chat_template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| match e {
+        TemplateError::File { .. } => e.to_string(),
+        e => format!("{}: tokenizer.chat_template: {e}", path.display()),
+    });
     let token_id = |key: &str| {
         file.get(&format!("tokenizer.ggml.{key}")).and_then(|v| v.as_u64()).and_then(|n| u32::try_from(n).ok())
     };

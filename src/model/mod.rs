@@ -13,9 +13,7 @@ pub mod llama;
 pub mod load;
 pub mod random;
 
-use anyhow::{bail, ensure};
-
-use crate::backend::{Backend, KvCache, KvLayout, SeqSlice};
+use crate::backend::{Backend, BackendResult, KvCache, KvLayout, SeqSlice, check, refuse};
 
 /// Positions a sliding-window layer's ring keeps beyond its window: rows a slice may
 /// add at once before it is split ([`crate::backend::attention_pieces`]), and how far
@@ -109,7 +107,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
     fn kv_head_dim(&self) -> usize;
 
     /// Copy positions `0..n` of `src` into `dst` ([`Backend::copy_kv_prefix`]).
-    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> anyhow::Result<()> {
+    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> BackendResult<()> {
         backend.copy_kv_prefix(src, dst, n, self.kv_head_dim())
     }
 
@@ -120,7 +118,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
 
     /// A KV cache for one sequence of up to `capacity` tokens (at most the context). A
     /// sliding-window layer keeps a ring of its window plus [`RING_ROWS`] positions.
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+    fn new_cache(&self, backend: &B, capacity: usize) -> BackendResult<B::KvCache> {
         backend.new_kv_cache_in(&cache_layout(self, capacity, Some(RING_ROWS))?)
     }
 
@@ -132,8 +130,8 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act>;
+        trace: &mut dyn FnMut(Stage, &B::Act) -> BackendResult<()>,
+    ) -> BackendResult<B::Act>;
 
     /// Run the batch through the model, appending to each sequence's cache, and return
     /// the logits of the requested rows: (rows, V).
@@ -143,7 +141,7 @@ pub trait CausalLm<B: Backend>: Send + Sync {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-    ) -> anyhow::Result<B::Act> {
+    ) -> BackendResult<B::Act> {
         self.forward_traced(backend, batch, caches, which, &mut |_, _| Ok(()))
     }
 }
@@ -154,9 +152,9 @@ pub fn cache_layout<B: Backend, M: CausalLm<B> + ?Sized>(
     model: &M,
     capacity: usize,
     ring_rows: Option<usize>,
-) -> anyhow::Result<KvLayout> {
+) -> BackendResult<KvLayout> {
     let info = model.info();
-    ensure!(capacity <= info.context_length, "KV cache of {capacity} exceeds the context {}", info.context_length);
+    check!(capacity <= info.context_length, "KV cache of {capacity} exceeds the context {}", info.context_length);
     let slots = (0..info.n_layer)
         .map(|l| match (model.layer_window(l), ring_rows) {
             (Some(w), Some(rows)) => capacity.min(w.saturating_add(rows)),
@@ -188,10 +186,10 @@ impl<B: Backend> CausalLm<B> for WindowCaches<B> {
     fn layer_window(&self, layer: usize) -> Option<usize> {
         self.inner.layer_window(layer)
     }
-    fn new_cache(&self, backend: &B, capacity: usize) -> anyhow::Result<B::KvCache> {
+    fn new_cache(&self, backend: &B, capacity: usize) -> BackendResult<B::KvCache> {
         backend.new_kv_cache_in(&cache_layout(self, capacity, self.ring_rows)?)
     }
-    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> anyhow::Result<()> {
+    fn copy_cache_prefix(&self, backend: &B, src: &B::KvCache, dst: &mut B::KvCache, n: usize) -> BackendResult<()> {
         self.inner.copy_cache_prefix(backend, src, dst, n)
     }
     fn forward(
@@ -200,7 +198,7 @@ impl<B: Backend> CausalLm<B> for WindowCaches<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-    ) -> anyhow::Result<B::Act> {
+    ) -> BackendResult<B::Act> {
         self.inner.forward(backend, batch, caches, which)
     }
     fn forward_traced(
@@ -209,8 +207,8 @@ impl<B: Backend> CausalLm<B> for WindowCaches<B> {
         batch: &Batch,
         caches: &mut [&mut B::KvCache],
         which: LogitRows<'_>,
-        trace: &mut dyn FnMut(Stage, &B::Act) -> anyhow::Result<()>,
-    ) -> anyhow::Result<B::Act> {
+        trace: &mut dyn FnMut(Stage, &B::Act) -> BackendResult<()>,
+    ) -> BackendResult<B::Act> {
         self.inner.forward_traced(backend, batch, caches, which, trace)
     }
 }
@@ -223,22 +221,22 @@ pub(crate) fn check_batch<K: KvCache>(
     kv_width: usize,
     batch: &Batch,
     caches: &[&mut K],
-) -> anyhow::Result<()> {
+) -> BackendResult<()> {
     let (tokens, seqs) = (batch.tokens, batch.seqs);
-    ensure!(seqs.len() == caches.len(), "one KV cache per sequence");
+    check!(seqs.len() == caches.len(), "one KV cache per sequence");
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= info.vocab_size) {
-        bail!("token id {bad} is out of range (vocabulary size {})", info.vocab_size);
+        refuse!("token id {bad} is out of range (vocabulary size {})", info.vocab_size);
     }
     let mut covered = 0;
     for (s, cache) in seqs.iter().zip(caches.iter()) {
-        ensure!(
+        check!(
             s.rows.start == covered && s.rows.start <= s.rows.end && s.rows.end <= tokens.len(),
             "sequence slices must tile the batch in order"
         );
         covered = s.rows.end;
         let end = s.start_pos.checked_add(s.rows.len()).filter(|&e| e <= info.context_length);
         let Some(end) = end else {
-            bail!(
+            refuse!(
                 "sequence at position {} + {} tokens exceeds the model's context of {}",
                 s.start_pos,
                 s.rows.len(),
@@ -246,31 +244,31 @@ pub(crate) fn check_batch<K: KvCache>(
             );
         };
         let shape = cache.shape();
-        ensure!(
+        check!(
             shape.n_layer == info.n_layer && shape.width == kv_width,
             "KV cache of {} layers × {} does not fit this model ({} layers × {kv_width})",
             shape.n_layer,
             shape.width,
             info.n_layer,
         );
-        ensure!(
+        check!(
             end <= shape.capacity,
             "sequence of {end} tokens does not fit its KV cache of {} positions",
             shape.capacity
         );
     }
-    ensure!(covered == tokens.len(), "sequence slices must cover every token");
+    check!(covered == tokens.len(), "sequence slices must cover every token");
     Ok(())
 }
 
 /// The rows whose logits are wanted: all of `x`, or the last row of each sequence
 /// (on the stack for up to 64 sequences: no allocation in a decode step).
 /// The rows of [`LogitRows::Rows`] are inside the batch of `n_tokens` rows.
-pub(crate) fn check_logit_rows(which: &LogitRows<'_>, n_tokens: usize) -> anyhow::Result<()> {
+pub(crate) fn check_logit_rows(which: &LogitRows<'_>, n_tokens: usize) -> BackendResult<()> {
     if let LogitRows::Rows(rows) = which
         && let Some(&bad) = rows.iter().find(|&&r| r >= n_tokens)
     {
-        bail!("logits asked for row {bad} of a batch of {n_tokens}");
+        refuse!("logits asked for row {bad} of a batch of {n_tokens}");
     }
     Ok(())
 }

@@ -180,15 +180,18 @@ impl Backend for RoundedReference {
             self.bf16_activations
         )
     }
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<RefMatrix> {
-        let data = round_to(self.weights, &t.to_f32().map_err(anyhow::Error::msg)?);
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> batch_forge::backend::BackendResult<RefMatrix> {
+        let data = round_to(self.weights, &t.to_f32().map_err(batch_forge::backend::BackendError::Invalid)?);
         let owned = OwnedTensor::f32(t.name, t.shape.to_vec(), &data);
         ReferenceBackend.load_matrix(&view(&owned), layout)
     }
-    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
+    fn load_vector(&self, t: &TensorView) -> batch_forge::backend::BackendResult<Vec<f32>> {
         ReferenceBackend.load_vector(t)
     }
-    fn new_kv_cache_in(&self, layout: &batch_forge::backend::KvLayout) -> anyhow::Result<RefKvCache> {
+    fn new_kv_cache_in(
+        &self,
+        layout: &batch_forge::backend::KvLayout,
+    ) -> batch_forge::backend::BackendResult<RefKvCache> {
         ReferenceBackend.new_kv_cache_in(layout)
     }
     fn upload(&self, m: &HostMatrix) -> HostMatrix {
@@ -233,7 +236,7 @@ impl Backend for RoundedReference {
         q_gain: &Vec<f32>,
         k_gain: &Vec<f32>,
         eps: f32,
-    ) -> anyhow::Result<()> {
+    ) -> batch_forge::backend::BackendResult<()> {
         ReferenceBackend.qk_norm(qkv, spec, q_gain, k_gain, eps)
     }
     fn attention(
@@ -243,13 +246,17 @@ impl Backend for RoundedReference {
         caches: &mut [&mut RefKvCache],
         layer: usize,
         spec: &AttentionSpec,
-    ) -> anyhow::Result<HostMatrix> {
+    ) -> batch_forge::backend::BackendResult<HostMatrix> {
         if !self.kv_f16 {
             return ReferenceBackend.attention(qkv, seqs, caches, layer, spec);
         }
         // Keys and values as the f16 cache holds them; queries stay f32. (Rounding before
         // RoPE would not be what a cache of rotated keys holds.)
-        anyhow::ensure!(spec.rope.is_none(), "RoundedReference rounds the KV cache of models without RoPE only");
+        if spec.rope.is_some() {
+            return Err(batch_forge::backend::BackendError::Unsupported(
+                "RoundedReference rounds the KV cache of models without RoPE only".into(),
+            ));
+        }
         let q = spec.q_width();
         let mut rounded = qkv.clone();
         for row in rounded.data.chunks_mut(qkv.cols) {
@@ -261,7 +268,7 @@ impl Backend for RoundedReference {
     fn select_rows(&self, x: &HostMatrix, rows: &[usize]) -> HostMatrix {
         ReferenceBackend.select_rows(x, rows)
     }
-    fn to_host(&self, x: &HostMatrix, out: &mut HostMatrix) -> anyhow::Result<()> {
+    fn to_host(&self, x: &HostMatrix, out: &mut HostMatrix) -> batch_forge::backend::BackendResult<()> {
         ReferenceBackend.to_host(x, out)
     }
 }

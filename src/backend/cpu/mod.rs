@@ -17,14 +17,14 @@ pub mod weights;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, ensure};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{
-    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, SeqSlice, WeightDtype,
-    attention_pieces, check_attention, check_qk_norm, dequantized_matrix, needs_pieces, rope_row,
+    AttentionSpec, Backend, BackendError, BackendResult, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout,
+    SeqSlice, WeightDtype, attention_pieces, check_attention, check_qk_norm, dequantized_matrix, needs_pieces,
+    rope_row,
 };
 use crate::tensor::GgmlType;
 use crate::tensor::KvDtype;
@@ -93,7 +93,7 @@ impl CpuMatrix {
 
 impl CpuBackend {
     /// Every `Isa` value runs on this CPU (only detection makes the non-portable ones).
-    pub fn new(opts: CpuOptions) -> anyhow::Result<Self> {
+    pub fn new(opts: CpuOptions) -> BackendResult<Self> {
         Ok(CpuBackend { opts, pool: Arc::new(BufferPool::default()), q8: Mutex::new(Vec::new()) })
     }
 
@@ -570,8 +570,8 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<CpuMatrix> {
-        let &[rows, cols] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> BackendResult<CpuMatrix> {
+        let &[rows, cols] = t.shape else { refuse!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
         let dtype = match (self.opts.weight_dtype, t.dtype) {
             (Some(d), _) => d,
             (None, Dtype::F16) => WeightDtype::F16,
@@ -584,9 +584,9 @@ impl Backend for CpuBackend {
         let size = match t.dtype {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
-            other => bail!("tensor {:?} has dtype {}, expected F32, F16 or BF16", t.name, other.name()),
+            other => refuse!("tensor {:?} has dtype {}, expected F32, F16 or BF16", t.name, other.name()),
         };
-        ensure!(
+        check!(
             rows.checked_mul(cols).and_then(|n| n.checked_mul(size)) == Some(b.len()),
             "tensor {:?}: {} bytes for shape {:?}",
             t.name,
@@ -630,62 +630,62 @@ impl Backend for CpuBackend {
         n_out: usize,
         n_in: usize,
         bytes: &[u8],
-    ) -> anyhow::Result<CpuMatrix> {
+    ) -> BackendResult<CpuMatrix> {
         match QType::from_ggml(ty) {
             Some(q) if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
                 let m = QMatrix::new_with(q, n_out, n_in, bytes, crate::tensor::release)
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 Ok(CpuMatrix::Quant(m))
             }
             // Q5_0 as Q8_0 blocks of the same values: llama.cpp's q5_0 · q8_0 sums exactly.
             None if ty == GgmlType::Q5_0 && self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) => {
                 let q8 = crate::quant::to_q8_0(ty, bytes)
                     .unwrap_or_else(|| Err("not transcodable".into()))
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 crate::tensor::release(bytes);
                 let m = QMatrix::new_with(QType::Q8_0, n_out, n_in, &q8, |_| {})
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 Ok(CpuMatrix::Quant(m))
             }
             None if ty == GgmlType::Q4K && self.opts.weight_dtype.is_none() => {
                 let m = QMatrix::from_q4_k_with(n_out, n_in, bytes, crate::tensor::release)
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 Ok(CpuMatrix::Quant(m))
             }
             None if ty == GgmlType::Q6K && self.opts.weight_dtype.is_none() => {
                 let m = QMatrix::from_q6_k_with(n_out, n_in, bytes, crate::tensor::release)
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 Ok(CpuMatrix::Quant(m))
             }
             None if self.opts.weight_dtype.is_none() && n_in.is_multiple_of(qmatmul::QK) && n_out > 0 => {
                 // Row by row as the re-blocking reaches it, so neither an f32 nor a Q8_0 copy
                 // of the whole matrix is ever held.
-                ensure!(bytes.len().is_multiple_of(n_out), "tensor {name:?}: {} bytes for {n_out} rows", bytes.len());
+                check!(bytes.len().is_multiple_of(n_out), "tensor {name:?}: {} bytes for {n_out} rows", bytes.len());
                 let row_bytes = bytes.len() / n_out;
                 // Every row has the same type and length: the first one decoding to n_in
                 // values means they all do.
                 let values = crate::quant::dequantize(ty, &bytes[..row_bytes])
-                    .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
-                ensure!(values.len() == n_in, "tensor {name:?}: a row decodes to {} values, not {n_in}", values.len());
+                    .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
+                check!(values.len() == n_in, "tensor {name:?}: a row decodes to {} values, not {n_in}", values.len());
                 let m = QMatrix::requantized_q8_0(
                     n_out,
                     n_in,
                     |j| crate::quant::dequantize(ty, &bytes[j * row_bytes..(j + 1) * row_bytes]).unwrap_or_default(),
                     |rows| crate::tensor::release(&bytes[rows.start * row_bytes..rows.end * row_bytes]),
                 )
-                .map_err(|e| anyhow::anyhow!("tensor {name:?}: {e}"))?;
+                .map_err(|e| BackendError::Invalid(format!("tensor {name:?}: {e}")))?;
                 Ok(CpuMatrix::Quant(m))
             }
             _ => dequantized_matrix(self, name, ty, n_out, n_in, bytes),
         }
     }
 
-    fn load_vector(&self, t: &TensorView) -> anyhow::Result<Vec<f32>> {
-        ensure!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
-        t.to_f32().map_err(anyhow::Error::msg)
+    fn load_vector(&self, t: &TensorView) -> BackendResult<Vec<f32>> {
+        check!(t.shape.len() == 1, "tensor {:?} has shape {:?}, expected 1 dim", t.name, t.shape);
+        t.to_f32().map_err(BackendError::Invalid)
     }
 
-    fn copy_kv_prefix(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+    fn copy_kv_prefix(&self, src: &CpuKvCache, dst: &mut CpuKvCache, n: usize, head_dim: usize) -> BackendResult<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
         // Head-major layers: each head's run of positions is contiguous in both caches.
         let (hd, n_head) = (head_dim, src.width / head_dim);
@@ -699,7 +699,7 @@ impl Backend for CpuBackend {
                         match (s, &mut *d) {
                             (KvStore::F32(s), KvStore::F32(d)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
                             (KvStore::F16(s), KvStore::F16(d)) => d[to..to + len].copy_from_slice(&s[from..from + len]),
-                            _ => bail!("KV copy between an f32 and an f16 cache"),
+                            _ => refuse!("KV copy between an f32 and an f16 cache"),
                         }
                     }
                 }
@@ -708,18 +708,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<CpuKvCache> {
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> BackendResult<CpuKvCache> {
         layout.check()?;
         let n_layer = layout.slots.len();
-        let store = |slots: usize| -> anyhow::Result<KvStore> {
-            let n = slots.checked_mul(layout.width).ok_or_else(|| anyhow::anyhow!("KV cache size overflows"))?;
+        let store = |slots: usize| -> BackendResult<KvStore> {
+            let n = slots
+                .checked_mul(layout.width)
+                .ok_or_else(|| BackendError::Memory("KV cache size overflows".into()))?;
             Ok(if self.opts.kv_dtype == KvDtype::F16 {
                 KvStore::F16(super::kv_zeros(n, f16::ZERO, n_layer)?)
             } else {
                 KvStore::F32(super::kv_zeros(n, 0.0, n_layer)?)
             })
         };
-        let layers = layout.slots.iter().map(|&s| Ok((store(s)?, store(s)?))).collect::<anyhow::Result<Vec<_>>>()?;
+        let layers = layout.slots.iter().map(|&s| Ok((store(s)?, store(s)?))).collect::<BackendResult<Vec<_>>>()?;
         Ok(CpuKvCache { capacity: layout.capacity, width: layout.width, layers, rings: KvRings::new(layout) })
     }
 
@@ -822,7 +824,7 @@ impl Backend for CpuBackend {
         q_gain: &Vec<f32>,
         k_gain: &Vec<f32>,
         eps: f32,
-    ) -> anyhow::Result<()> {
+    ) -> BackendResult<()> {
         check_qk_norm(qkv.cols, spec, q_gain.len(), k_gain.len())?;
         let (hd, nq, nk, cols) = (spec.head_dim, spec.n_head, spec.n_kv_head, qkv.cols);
         let one_row = |row: &mut [f32]| {
@@ -847,7 +849,7 @@ impl Backend for CpuBackend {
         caches: &mut [&mut CpuKvCache],
         layer: usize,
         spec: &AttentionSpec,
-    ) -> anyhow::Result<CpuAct> {
+    ) -> BackendResult<CpuAct> {
         check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
         let (stride, qw, n_rows) = (spec.qkv_width(), spec.q_width(), qkv.rows);
         // 0. RoPE on a copy of the queries and keys, at each row's position.
@@ -886,7 +888,7 @@ impl Backend for CpuBackend {
         out
     }
 
-    fn to_host(&self, x: &CpuAct, out: &mut HostMatrix) -> anyhow::Result<()> {
+    fn to_host(&self, x: &CpuAct, out: &mut HostMatrix) -> BackendResult<()> {
         out.reshape(x.rows, x.cols);
         out.data.copy_from_slice(x);
         Ok(())

@@ -2,7 +2,7 @@
 //! OpenGL fallback), adapter listing for `forge devices`, adapter choice and the device
 //! request with the limits the kernels need.
 
-use anyhow::{Context, bail};
+use crate::backend::{BackendError, BackendResult};
 
 /// The wgpu backends this build can use.
 pub fn backends() -> wgpu::Backends {
@@ -57,21 +57,23 @@ pub fn describe(index: usize, a: &wgpu::Adapter) -> String {
 
 /// The adapter to use: `BATCH_FORGE_GPU` picks one by index or by a substring of its
 /// name; otherwise a discrete GPU over an integrated one over a software one.
-pub fn choose_adapter() -> anyhow::Result<wgpu::Adapter> {
+pub fn choose_adapter() -> BackendResult<wgpu::Adapter> {
     pick_adapter(adapters())
 }
 
 /// [`choose_adapter`]'s rule applied to a list already enumerated.
-pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> anyhow::Result<wgpu::Adapter> {
+pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> BackendResult<wgpu::Adapter> {
     if all.is_empty() {
-        bail!("{}", no_adapter_message());
+        return Err(BackendError::Device(no_adapter_message()));
     }
     if let Ok(want) = std::env::var("BATCH_FORGE_GPU") {
         let pos = match want.parse::<usize>() {
             Ok(i) if i < all.len() => Some(i),
             _ => all.iter().position(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase())),
         };
-        let i = pos.with_context(|| format!("BATCH_FORGE_GPU={want:?} matches no adapter (see `forge devices`)"))?;
+        let i = pos.ok_or_else(|| {
+            BackendError::Device(format!("BATCH_FORGE_GPU={want:?} matches no adapter (see `forge devices`)"))
+        })?;
         return Ok(all.swap_remove(i));
     }
     let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
@@ -91,7 +93,7 @@ pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> anyhow::Result<wgpu::Adapter
 pub fn request_device(
     adapter: &wgpu::Adapter,
     want_f16: bool,
-) -> anyhow::Result<(wgpu::Device, wgpu::Queue, bool, bool)> {
+) -> BackendResult<(wgpu::Device, wgpu::Queue, bool, bool)> {
     let f16 = want_f16 && adapter.features().contains(wgpu::Features::SHADER_F16);
     let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
     let mut features = wgpu::Features::empty();
@@ -110,6 +112,6 @@ pub fn request_device(
         trace: Default::default(),
     };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-        .with_context(|| format!("could not open GPU device {}", adapter.get_info().name))?;
+        .map_err(|e| BackendError::Device(format!("could not open GPU device {}: {e}", adapter.get_info().name)))?;
     Ok((device, queue, f16, subgroups))
 }

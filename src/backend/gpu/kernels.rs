@@ -14,8 +14,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use anyhow::Context;
-
+use crate::backend::{BackendError, BackendResult};
 use crate::tensor::GgmlType;
 
 /// (file name, source) of each kernel family.
@@ -214,20 +213,20 @@ static NEXT_KERNEL_ID: AtomicUsize = AtomicUsize::new(1);
 
 /// Compile one WGSL module; shader errors are caught in an error scope and returned,
 /// naming the kernel, instead of reaching wgpu's panicking default handler.
-fn compile_module(device: &wgpu::Device, label: &str, src: String) -> anyhow::Result<wgpu::ShaderModule> {
+fn compile_module(device: &wgpu::Device, label: &str, src: String) -> BackendResult<wgpu::ShaderModule> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let m = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(src.into()),
     });
     if let Some(e) = pollster::block_on(scope.pop()) {
-        anyhow::bail!("kernel {label} failed to compile: {e}");
+        return Err(BackendError::Device(format!("kernel {label} failed to compile: {e}")));
     }
     Ok(m)
 }
 
 /// The pipeline of `entry` in `m`, with its bind-group layout from [`slots`].
-fn build_kernel(device: &wgpu::Device, m: &wgpu::ShaderModule, entry: &str) -> anyhow::Result<Kernel> {
+fn build_kernel(device: &wgpu::Device, m: &wgpu::ShaderModule, entry: &str) -> BackendResult<Kernel> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
@@ -265,7 +264,7 @@ fn build_kernel(device: &wgpu::Device, m: &wgpu::ShaderModule, entry: &str) -> a
         cache: None,
     });
     if let Some(e) = pollster::block_on(scope.pop()) {
-        anyhow::bail!("kernel {entry} failed to build: {e}");
+        return Err(BackendError::Device(format!("kernel {entry} failed to build: {e}")));
     }
     Ok(Kernel { pipeline, layout, id: NEXT_KERNEL_ID.fetch_add(1, Ordering::Relaxed) })
 }
@@ -283,10 +282,10 @@ pub struct QuantKernels {
 
 impl QuantKernels {
     /// Compile the kernels for blocks of `ty` (one of [`QUANT_FORMATS`]).
-    pub fn compile(device: &wgpu::Device, ty: GgmlType, subgroups: bool) -> anyhow::Result<Self> {
-        let module = |file: &str| -> anyhow::Result<wgpu::ShaderModule> {
+    pub fn compile(device: &wgpu::Device, ty: GgmlType, subgroups: bool) -> BackendResult<Self> {
+        let module = |file: &str| -> BackendResult<wgpu::ShaderModule> {
             let src = quant_source(file, ty, subgroups)
-                .with_context(|| format!("no GPU kernels for {} blocks", ty.name()))?;
+                .ok_or_else(|| BackendError::Unsupported(format!("no GPU kernels for {} blocks", ty.name())))?;
             compile_module(device, &format!("{file} ({})", ty.name()), src)
         };
         let (mm, embed) = (module(SUBGROUP_FILE)?, module("qembed.wgsl")?);
@@ -303,9 +302,11 @@ impl QuantKernels {
 
 impl Kernels {
     /// Compile every kernel (errors name the kernel; see [`compile_module`]).
-    pub fn compile(device: &wgpu::Device, f16: bool, subgroups: bool) -> anyhow::Result<Self> {
-        let module = |file: &str, f16: bool| -> anyhow::Result<wgpu::ShaderModule> {
-            compile_module(device, file, source(file, f16, subgroups).context("unknown kernel file")?)
+    pub fn compile(device: &wgpu::Device, f16: bool, subgroups: bool) -> BackendResult<Self> {
+        let module = |file: &str, f16: bool| -> BackendResult<wgpu::ShaderModule> {
+            let src = source(file, f16, subgroups)
+                .ok_or_else(|| BackendError::Invalid(format!("unknown kernel file {file}")))?;
+            compile_module(device, file, src)
         };
         let kernel = |m: &wgpu::ShaderModule, entry: &str| build_kernel(device, m, entry);
         let elementwise = module("elementwise.wgsl", false)?;
@@ -324,7 +325,7 @@ impl Kernels {
         } else {
             (None, None, None)
         };
-        let f16_kernel = |m: &Option<wgpu::ShaderModule>, entry: &str| -> anyhow::Result<Option<Kernel>> {
+        let f16_kernel = |m: &Option<wgpu::ShaderModule>, entry: &str| -> BackendResult<Option<Kernel>> {
             m.as_ref().map(|m| kernel(m, entry)).transpose()
         };
         Ok(Kernels {

@@ -23,13 +23,12 @@ use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use anyhow::{Context, bail, ensure};
 use wgpu::util::DeviceExt;
 
 use super::WeightDtype;
 use super::{
-    AttentionSpec, Backend, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout, Rope, RopeStyle, SeqSlice,
-    attention_pieces, check_attention, needs_pieces,
+    AttentionSpec, Backend, BackendError, BackendResult, HostMatrix, KvCache, KvLayout, KvRings, KvShape, MatrixLayout,
+    Rope, RopeStyle, SeqSlice, attention_pieces, check_attention, needs_pieces,
 };
 use crate::tensor::GgmlType;
 use crate::tensor::KvDtype;
@@ -165,7 +164,7 @@ impl State {
 
 impl GpuBackend {
     /// Open the chosen adapter (see [`device::choose_adapter`]) and compile the kernels.
-    pub fn new(opts: GpuOptions) -> anyhow::Result<Self> {
+    pub fn new(opts: GpuOptions) -> BackendResult<Self> {
         Self::check_options(&opts)?;
         let adapter = device::choose_adapter()?;
         Self::with_adapter(&adapter, opts)
@@ -173,21 +172,21 @@ impl GpuBackend {
 
     /// The option checks that need no device, so a bad flag is reported before any
     /// adapter is looked for.
-    pub fn check_options(opts: &GpuOptions) -> anyhow::Result<()> {
-        ensure!(
+    pub fn check_options(opts: &GpuOptions) -> BackendResult<()> {
+        check!(
             opts.weight_dtype != Some(WeightDtype::BF16),
             "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
         );
-        ensure!(opts.chunk_bytes.is_none_or(|c| c >= 4), "chunk_bytes must be at least 4");
+        check!(opts.chunk_bytes.is_none_or(|c| c >= 4), "chunk_bytes must be at least 4");
         Ok(())
     }
 
-    pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> anyhow::Result<Self> {
+    pub fn with_adapter(adapter: &wgpu::Adapter, opts: GpuOptions) -> BackendResult<Self> {
         Self::check_options(&opts)?;
         let info = adapter.get_info();
         let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_dtype == KvDtype::F16;
         let (device, queue, f16, subgroups) = device::request_device(adapter, want_f16)?;
-        ensure!(
+        check!(
             f16 || opts.kv_dtype != KvDtype::F16,
             "--kv-dtype f16 needs shader-f16, which {} does not have",
             info.name
@@ -225,7 +224,11 @@ impl GpuBackend {
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
                     .map(std::time::Duration::from_secs_f64)
-                    .with_context(|| format!("BATCH_FORGE_GPU_TIMEOUT_S={v:?} is not a positive number of seconds"))?,
+                    .ok_or_else(|| {
+                        BackendError::Invalid(format!(
+                            "BATCH_FORGE_GPU_TIMEOUT_S={v:?} is not a positive number of seconds"
+                        ))
+                    })?,
                 Err(_) => DEFAULT_POLL_TIMEOUT,
             },
         };
@@ -234,7 +237,7 @@ impl GpuBackend {
             GemvKernel::Auto if subgroups => GemvKernel::Subgroup,
             GemvKernel::Auto => GemvKernel::Cooperative,
             GemvKernel::Subgroup => {
-                ensure!(subgroups, "the subgroup GEMV needs subgroups, which {} does not have", info.name);
+                check!(subgroups, "the subgroup GEMV needs subgroups, which {} does not have", info.name);
                 GemvKernel::Subgroup
             }
             other => other,
@@ -342,9 +345,9 @@ impl GpuBackend {
     }
 
     /// The first wgpu error since the last check, as an error.
-    fn check(&self) -> anyhow::Result<()> {
+    fn check(&self) -> BackendResult<()> {
         match self.errors.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(e) => bail!("GPU error: {e}"),
+            Some(e) => Err(BackendError::Device(format!("GPU error: {e}"))),
             None => Ok(()),
         }
     }
@@ -478,7 +481,7 @@ impl GpuBackend {
     /// The RoPE table for `rope` and `head_dim` covering positions `0..capacity`:
     /// `[pos][head_dim/2]` (cos, sin) from [`Rope::cos_sin`], built once per (θ, frequency
     /// factors, head_dim) and rebuilt only for a larger capacity.
-    fn rope_table(&self, rope: &Rope, head_dim: usize, capacity: usize) -> anyhow::Result<wgpu::Buffer> {
+    fn rope_table(&self, rope: &Rope, head_dim: usize, capacity: usize) -> BackendResult<wgpu::Buffer> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|p| p.into_inner());
         // The style does not change the table, only which values it rotates.
         let key = Rope { style: RopeStyle::Halves, ..rope.clone() };
@@ -488,8 +491,10 @@ impl GpuBackend {
             return Ok(buf.clone());
         }
         let half = head_dim / 2;
-        let bytes = (capacity.max(1) as u64).checked_mul(half as u64 * 8).context("RoPE table size overflows")?;
-        ensure!(
+        let bytes = (capacity.max(1) as u64)
+            .checked_mul(half as u64 * 8)
+            .ok_or_else(|| BackendError::Memory("RoPE table size overflows".into()))?;
+        check!(
             bytes <= self.max_binding,
             "a RoPE table of {capacity} positions needs {bytes} bytes, over the adapter's {} byte binding",
             self.max_binding
@@ -516,7 +521,7 @@ impl GpuBackend {
     }
 
     /// The kernels for `ty` blocks, compiled on first use.
-    fn quant_kernels(&self, ty: GgmlType) -> anyhow::Result<Arc<QuantKernels>> {
+    fn quant_kernels(&self, ty: GgmlType) -> BackendResult<Arc<QuantKernels>> {
         let mut all = self.quant_kernels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = all.get(&ty) {
             return Ok(k.clone());
@@ -754,9 +759,9 @@ impl Backend for GpuBackend {
         "gpu".into()
     }
 
-    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> anyhow::Result<GpuMatrix> {
-        let &[d0, d1] = t.shape else { bail!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
-        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+    fn load_matrix(&self, t: &TensorView, layout: MatrixLayout) -> BackendResult<GpuMatrix> {
+        let &[d0, d1] = t.shape else { refuse!("tensor {:?} has shape {:?}, expected 2 dims", t.name, t.shape) };
+        let data = t.to_f32().map_err(BackendError::Invalid)?;
         let (rows, cols) = match layout {
             MatrixLayout::OutIn => (d0, d1),
             MatrixLayout::InOut => (d1, d0),
@@ -779,7 +784,7 @@ impl Backend for GpuBackend {
         let dtype = if want_f16 && self.f16 { WeightDtype::F16 } else { WeightDtype::F32 };
         let elem = dtype.size();
         let row_bytes = (cols * elem).max(1) as u64;
-        ensure!(
+        check!(
             row_bytes <= self.chunk_limit(),
             "{}: one row of {cols} values exceeds the adapter's largest storage binding",
             t.name
@@ -795,7 +800,7 @@ impl Backend for GpuBackend {
             };
             chunks.push(Chunk { buffer: self.weight_buffer(&bytes), row0, rows: n });
         }
-        self.check().with_context(|| format!("uploading {}", t.name))?;
+        self.check().map_err(|e| BackendError::Device(format!("uploading {}: {e}", t.name)))?;
         Ok(GpuMatrix { rows, cols, dtype, quant: None, chunks })
     }
 
@@ -809,24 +814,20 @@ impl Backend for GpuBackend {
         n_out: usize,
         n_in: usize,
         bytes: &[u8],
-    ) -> anyhow::Result<GpuMatrix> {
+    ) -> BackendResult<GpuMatrix> {
         if self.opts.weight_dtype.is_some() || !kernels::QUANT_FORMATS.iter().any(|(t, _)| *t == ty) {
             return super::dequantized_matrix(self, name, ty, n_out, n_in, bytes);
         }
         let (bs, ts) = (ty.block_size() as usize, ty.type_size() as usize);
-        ensure!(
-            n_in > 0 && n_in.is_multiple_of(bs),
-            "{name}: rows of {n_in} values are not whole {} blocks",
-            ty.name()
-        );
+        check!(n_in > 0 && n_in.is_multiple_of(bs), "{name}: rows of {n_in} values are not whole {} blocks", ty.name());
         let row_bytes = n_in / bs * ts;
-        ensure!(
+        check!(
             n_out.checked_mul(row_bytes) == Some(bytes.len()),
             "{name}: {} bytes for [{n_out}, {n_in}] in {} blocks",
             bytes.len(),
             ty.name()
         );
-        ensure!(
+        check!(
             row_bytes as u64 <= self.chunk_limit(),
             "{name}: one row of {n_in} values exceeds the adapter's largest storage binding"
         );
@@ -839,29 +840,29 @@ impl Backend for GpuBackend {
             chunks.push(Chunk { buffer: self.weight_buffer(part), row0, rows: n });
             crate::tensor::release(part);
         }
-        self.check().with_context(|| format!("uploading {name}"))?;
+        self.check().map_err(|e| BackendError::Device(format!("uploading {name}: {e}")))?;
         Ok(GpuMatrix { rows: n_out, cols: n_in, dtype: WeightDtype::F32, quant: Some(q), chunks })
     }
 
-    fn load_vector(&self, t: &TensorView) -> anyhow::Result<GpuVector> {
-        let data = t.to_f32().map_err(anyhow::Error::msg)?;
+    fn load_vector(&self, t: &TensorView) -> BackendResult<GpuVector> {
+        let data = t.to_f32().map_err(BackendError::Invalid)?;
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
         Ok(GpuVector { buffer: self.weight_buffer(&bytes), len: data.len() })
     }
 
-    fn new_kv_cache_in(&self, layout: &KvLayout) -> anyhow::Result<GpuKvCache> {
+    fn new_kv_cache_in(&self, layout: &KvLayout) -> BackendResult<GpuKvCache> {
         layout.check()?;
         let (capacity, width) = (layout.capacity, layout.width);
         // Keys and values of one layer in one buffer, 2 or 4 bytes a value.
         let elem = self.opts.kv_dtype.size();
-        let layer_bytes = |slots: usize| -> anyhow::Result<u64> {
+        let layer_bytes = |slots: usize| -> BackendResult<u64> {
             let bytes = slots
                 .checked_mul(2)
                 .and_then(|n| n.checked_mul(width))
                 .and_then(|n| n.checked_mul(elem))
                 .and_then(|n| u64::try_from(n).ok())
-                .context("KV cache size overflows")?;
-            ensure!(
+                .ok_or_else(|| BackendError::Memory("KV cache size overflows".into()))?;
+            check!(
                 bytes <= self.max_binding,
                 "a KV cache layer of {slots} positions × {width} needs {bytes} bytes, over the adapter's \
                  {} byte storage binding",
@@ -869,7 +870,7 @@ impl Backend for GpuBackend {
             );
             Ok(bytes)
         };
-        let sizes = layout.slots.iter().map(|&s| layer_bytes(s)).collect::<anyhow::Result<Vec<_>>>()?;
+        let sizes = layout.slots.iter().map(|&s| layer_bytes(s)).collect::<BackendResult<Vec<_>>>()?;
         let layers = sizes
             .iter()
             .map(|&bytes| {
@@ -893,15 +894,15 @@ impl Backend for GpuBackend {
         })
     }
 
-    fn copy_kv_prefix(&self, src: &GpuKvCache, dst: &mut GpuKvCache, n: usize, head_dim: usize) -> anyhow::Result<()> {
+    fn copy_kv_prefix(&self, src: &GpuKvCache, dst: &mut GpuKvCache, n: usize, head_dim: usize) -> BackendResult<()> {
         super::check_kv_copy(src, dst, n, head_dim)?;
-        ensure!(src.f16 == dst.f16, "KV copy between an f32 and an f16 cache");
+        check!(src.f16 == dst.f16, "KV copy between an f32 and an f16 cache");
         // Each layer's buffer is [2][n_head][slots][head_dim]: one run per (k/v, head) and
         // run of slots.
         let elem = if src.f16 { 2u64 } else { 4 };
         let (hd, n_head) = (head_dim as u64, (src.width / head_dim) as u64);
         let aligned = |x: u64| x.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        ensure!(aligned(hd * elem), "KV copy: heads of {} bytes are not 4-byte aligned (odd f16 head size)", hd * elem);
+        check!(aligned(hd * elem), "KV copy: heads of {} bytes are not 4-byte aligned (odd f16 head size)", hd * elem);
         let plan: Vec<_> = (0..src.layers.len()).map(|l| src.rings.copy_runs(&mut dst.rings, l, n)).collect();
         if plan.iter().all(|runs| runs.is_empty()) {
             return Ok(());
@@ -1024,12 +1025,16 @@ impl Backend for GpuBackend {
         caches: &mut [&mut GpuKvCache],
         layer: usize,
         spec: &AttentionSpec,
-    ) -> anyhow::Result<GpuAct> {
+    ) -> BackendResult<GpuAct> {
         check_attention(qkv.rows, qkv.cols, seqs, caches, layer, spec)?;
         self.supports(spec)?;
         let (n_head, head_dim, scale) = (spec.n_head, spec.head_dim, spec.scale);
         let c = spec.q_width();
-        ensure!(head_dim <= 256, "attention: heads of {head_dim} values; the gpu kernels take at most 256");
+        if head_dim > 256 {
+            return Err(BackendError::Unsupported(format!(
+                "attention: heads of {head_dim} values; the gpu kernels take at most 256"
+            )));
+        }
         let window = match spec.window {
             None => 0,
             Some(w) => u32::try_from(w).unwrap_or(u32::MAX),
@@ -1081,7 +1086,11 @@ impl Backend for GpuBackend {
             let (kv_store, attend) = if cache.f16 {
                 match (k.kv_store_f16.as_ref(), k.attend_f16.as_ref()) {
                     (Some(store), Some(attend)) => (store, attend),
-                    _ => bail!("attention: an f16 KV cache on a backend without shader-f16 kernels"),
+                    _ => {
+                        return Err(BackendError::Unsupported(
+                            "attention: an f16 KV cache on a backend without shader-f16 kernels".into(),
+                        ));
+                    }
                 }
             } else {
                 (&k.kv_store, &k.attend)
@@ -1105,9 +1114,14 @@ impl Backend for GpuBackend {
         Ok(out)
     }
 
-    fn supports(&self, spec: &AttentionSpec) -> anyhow::Result<()> {
+    fn supports(&self, spec: &AttentionSpec) -> BackendResult<()> {
         spec.validate()?;
-        ensure!(spec.head_dim <= 256, "attention: heads of {} values; the gpu kernels take at most 256", spec.head_dim);
+        if spec.head_dim > 256 {
+            return Err(BackendError::Unsupported(format!(
+                "attention: heads of {} values; the gpu kernels take at most 256",
+                spec.head_dim
+            )));
+        }
         Ok(())
     }
 
@@ -1187,9 +1201,9 @@ impl Backend for GpuBackend {
         q_gain: &GpuVector,
         k_gain: &GpuVector,
         eps: f32,
-    ) -> anyhow::Result<()> {
+    ) -> BackendResult<()> {
         crate::backend::check_qk_norm(qkv.cols, spec, q_gain.len, k_gain.len)?;
-        ensure!(spec.n_head < 1 << 16 && spec.n_kv_head < 1 << 16, "qk_norm: too many heads for the gpu kernel");
+        check!(spec.n_head < 1 << 16 && spec.n_kv_head < 1 << 16, "qk_norm: too many heads for the gpu kernel");
         let segments = qkv.rows * (spec.n_head + spec.n_kv_head);
         let heads = ((spec.n_head as u32) << 16) | spec.n_kv_head as u32;
         let params = [segments as u32, spec.head_dim as u32, eps.to_bits(), heads];
@@ -1225,7 +1239,7 @@ impl Backend for GpuBackend {
         out
     }
 
-    fn to_host(&self, x: &GpuAct, out: &mut HostMatrix) -> anyhow::Result<()> {
+    fn to_host(&self, x: &GpuAct, out: &mut HostMatrix) -> BackendResult<()> {
         out.reshape(x.rows, x.cols);
         self.read_back(&x.buf, x.rows * x.cols, |bytes| {
             for (o, b) in out.data.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -1234,7 +1248,7 @@ impl Backend for GpuBackend {
         })
     }
 
-    fn argmax_rows(&self, x: &GpuAct, out: &mut Vec<u32>) -> anyhow::Result<bool> {
+    fn argmax_rows(&self, x: &GpuAct, out: &mut Vec<u32>) -> BackendResult<bool> {
         let ids = self.take(x.rows, 1);
         if x.rows > 0 && x.cols > 0 {
             let params = [x.rows as u32, x.cols as u32, 0, 0];
@@ -1252,7 +1266,7 @@ impl Backend for GpuBackend {
 impl GpuBackend {
     /// Submit all pending work, wait for it, and hand the first `words` 4-byte values of
     /// `buf` to `use_bytes` straight from the mapped read-back buffer.
-    fn read_back(&self, buf: &Pooled, words: usize, use_bytes: impl FnOnce(&[u8])) -> anyhow::Result<()> {
+    fn read_back(&self, buf: &Pooled, words: usize, use_bytes: impl FnOnce(&[u8])) -> BackendResult<()> {
         let n = words as u64 * 4;
         // The state stays locked until the staging buffer is unmapped: it is shared, so a
         // second caller must not copy into it (or map it) while this one reads it.
@@ -1299,19 +1313,22 @@ impl GpuBackend {
         drop(st);
         polled?;
         self.check()?;
-        mapped.context("mapping the read-back buffer failed")?.context("reading the mapped buffer")
+        match mapped {
+            None => Err(BackendError::Device("mapping the read-back buffer failed".into())),
+            Some(read) => read.map_err(|e| BackendError::Device(format!("reading the mapped buffer: {e}"))),
+        }
     }
 
     /// Wait for all submitted work, at most `poll_timeout`.
-    fn wait(&self) -> anyhow::Result<()> {
+    fn wait(&self) -> BackendResult<()> {
         let timeout = self.poll_timeout;
         match self.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: Some(timeout) }) {
             Ok(_) => Ok(()),
-            Err(wgpu::PollError::Timeout) => bail!(
+            Err(wgpu::PollError::Timeout) => Err(BackendError::Device(format!(
                 "the GPU did not finish within {:.1} s (set BATCH_FORGE_GPU_TIMEOUT_S to wait longer)",
                 timeout.as_secs_f64()
-            ),
-            Err(e) => Err(e).context("waiting for the GPU"),
+            ))),
+            Err(e) => Err(BackendError::Device(format!("waiting for the GPU: {e}"))),
         }
     }
 }
