@@ -451,3 +451,26 @@ fn windows_drafts_and_templates_have_typed_errors() {
     assert!(matches!(e.logits_all(&[]), Err(EngineError::EmptyPrompt)));
     assert!(matches!(e.logits_all(&[11; 129]), Err(EngineError::PromptTooLong { len: 129, n_ctx: 128, .. })));
 }
+
+/// A backend's failures say what failed: arguments that do not fit (a token id outside
+/// the vocabulary, a cache of another model), or memory.
+#[test]
+fn backend_errors_say_what_failed() {
+    use batch_forge::backend::{Backend, BackendError, SeqSlice};
+    use batch_forge::model::load::load_model;
+    use batch_forge::model::{Batch, LogitRows};
+    let b = CpuBackend::new(CpuOptions::default()).unwrap();
+    let l = load_model(&b, &fixture("tiny-gpt2")).unwrap();
+    let mut cache = l.model.new_cache(&b, 8).unwrap();
+    let seqs = [SeqSlice { rows: 0..2, start_pos: 0 }];
+    let bad = Batch { tokens: &[11, 1 << 30], seqs: &seqs };
+    match l.model.forward(&b, &bad, &mut [&mut cache], LogitRows::All) {
+        Err(BackendError::Invalid(m)) => assert!(m.contains("token id 1073741824 is out of range"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+    let mut wrong = b.new_kv_cache(1, 8, 4).unwrap();
+    let ok = Batch { tokens: &[11, 12], seqs: &seqs };
+    assert!(matches!(l.model.forward(&b, &ok, &mut [&mut wrong], LogitRows::All), Err(BackendError::Invalid(_))));
+    assert!(matches!(b.new_kv_cache(2, usize::MAX / 2, 768), Err(BackendError::Memory(_))));
+    assert!(l.model.forward(&b, &ok, &mut [&mut cache], LogitRows::All).is_ok());
+}

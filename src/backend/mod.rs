@@ -11,8 +11,14 @@
 //! one call can prefill a prompt and decode a step for other sequences together.
 
 /// Returns [`BackendError::Invalid`] with the message (`format!`'s arguments) unless the
-/// condition holds: an op's arguments that do not fit each other.
+/// condition holds: an op's arguments that do not fit each other. `check!(Kind: cond,
+/// ...)` returns that variant instead (`Unsupported`, `Memory`).
 macro_rules! check {
+    ($kind:ident: $cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::backend::BackendError::$kind(format!($($msg)+)));
+        }
+    };
     ($cond:expr, $($msg:tt)+) => {
         if !$cond {
             return Err($crate::backend::BackendError::Invalid(format!($($msg)+)));

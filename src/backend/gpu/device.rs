@@ -72,7 +72,7 @@ pub fn pick_adapter(mut all: Vec<wgpu::Adapter>) -> BackendResult<wgpu::Adapter>
             _ => all.iter().position(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase())),
         };
         let i = pos.ok_or_else(|| {
-            BackendError::Device(format!("BATCH_FORGE_GPU={want:?} matches no adapter (see `forge devices`)"))
+            BackendError::Invalid(format!("BATCH_FORGE_GPU={want:?} matches no adapter (see `forge devices`)"))
         })?;
         return Ok(all.swap_remove(i));
     }

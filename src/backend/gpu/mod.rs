@@ -113,7 +113,7 @@ pub struct GpuBackend {
     state: Mutex<State>,
     bind_groups: Arc<BindCache>,
     pool: Arc<Pool>,
-    errors: Arc<Mutex<Option<String>>>,
+    errors: Arc<Mutex<Option<BackendError>>>,
 }
 
 /// Most buffer bindings any kernel has (add_layer_norm), besides its parameters.
@@ -174,7 +174,7 @@ impl GpuBackend {
     /// adapter is looked for.
     pub fn check_options(opts: &GpuOptions) -> BackendResult<()> {
         check!(
-            opts.weight_dtype != Some(WeightDtype::BF16),
+            Unsupported: opts.weight_dtype != Some(WeightDtype::BF16),
             "the gpu backend stores weights in f32 or f16; bf16 is cpu-only"
         );
         check!(opts.chunk_bytes.is_none_or(|c| c >= 4), "chunk_bytes must be at least 4");
@@ -187,15 +187,18 @@ impl GpuBackend {
         let want_f16 = opts.weight_dtype != Some(WeightDtype::F32) || opts.kv_dtype == KvDtype::F16;
         let (device, queue, f16, subgroups) = device::request_device(adapter, want_f16)?;
         check!(
-            f16 || opts.kv_dtype != KvDtype::F16,
+            Unsupported: f16 || opts.kv_dtype != KvDtype::F16,
             "--kv-dtype f16 needs shader-f16, which {} does not have",
             info.name
         );
-        let errors: Arc<Mutex<Option<String>>> = Arc::default();
+        let errors: Arc<Mutex<Option<BackendError>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert_with(|| e.to_string());
+            slot.get_or_insert_with(|| match e {
+                wgpu::Error::OutOfMemory { .. } => BackendError::Memory(format!("GPU error: {e}")),
+                e => BackendError::Device(format!("GPU error: {e}")),
+            });
         }));
         let limits = device.limits();
         let kernels = Kernels::compile(&device, f16, subgroups)?;
@@ -237,7 +240,7 @@ impl GpuBackend {
             GemvKernel::Auto if subgroups => GemvKernel::Subgroup,
             GemvKernel::Auto => GemvKernel::Cooperative,
             GemvKernel::Subgroup => {
-                check!(subgroups, "the subgroup GEMV needs subgroups, which {} does not have", info.name);
+                check!(Unsupported: subgroups, "the subgroup GEMV needs subgroups, which {} does not have", info.name);
                 GemvKernel::Subgroup
             }
             other => other,
@@ -347,13 +350,16 @@ impl GpuBackend {
     /// The first wgpu error since the last check, as an error.
     fn check(&self) -> BackendResult<()> {
         match self.errors.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(e) => Err(BackendError::Device(format!("GPU error: {e}"))),
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
     fn fail(&self, msg: String) {
-        self.errors.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(BackendError::Invalid(format!("GPU error: {msg}")));
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -495,7 +501,7 @@ impl GpuBackend {
             .checked_mul(half as u64 * 8)
             .ok_or_else(|| BackendError::Memory("RoPE table size overflows".into()))?;
         check!(
-            bytes <= self.max_binding,
+            Memory: bytes <= self.max_binding,
             "a RoPE table of {capacity} positions needs {bytes} bytes, over the adapter's {} byte binding",
             self.max_binding
         );
@@ -785,7 +791,7 @@ impl Backend for GpuBackend {
         let elem = dtype.size();
         let row_bytes = (cols * elem).max(1) as u64;
         check!(
-            row_bytes <= self.chunk_limit(),
+            Unsupported: row_bytes <= self.chunk_limit(),
             "{}: one row of {cols} values exceeds the adapter's largest storage binding",
             t.name
         );
@@ -828,7 +834,7 @@ impl Backend for GpuBackend {
             ty.name()
         );
         check!(
-            row_bytes as u64 <= self.chunk_limit(),
+            Unsupported: row_bytes as u64 <= self.chunk_limit(),
             "{name}: one row of {n_in} values exceeds the adapter's largest storage binding"
         );
         let q = self.quant_kernels(ty)?;
@@ -863,7 +869,7 @@ impl Backend for GpuBackend {
                 .and_then(|n| u64::try_from(n).ok())
                 .ok_or_else(|| BackendError::Memory("KV cache size overflows".into()))?;
             check!(
-                bytes <= self.max_binding,
+                Memory: bytes <= self.max_binding,
                 "a KV cache layer of {slots} positions × {width} needs {bytes} bytes, over the adapter's \
                  {} byte storage binding",
                 self.max_binding
@@ -902,7 +908,7 @@ impl Backend for GpuBackend {
         let elem = if src.f16 { 2u64 } else { 4 };
         let (hd, n_head) = (head_dim as u64, (src.width / head_dim) as u64);
         let aligned = |x: u64| x.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
-        check!(aligned(hd * elem), "KV copy: heads of {} bytes are not 4-byte aligned (odd f16 head size)", hd * elem);
+        check!(Unsupported: aligned(hd * elem), "KV copy: heads of {} bytes are not 4-byte aligned (odd f16 head size)", hd * elem);
         let plan: Vec<_> = (0..src.layers.len()).map(|l| src.rings.copy_runs(&mut dst.rings, l, n)).collect();
         if plan.iter().all(|runs| runs.is_empty()) {
             return Ok(());
@@ -1203,7 +1209,7 @@ impl Backend for GpuBackend {
         eps: f32,
     ) -> BackendResult<()> {
         crate::backend::check_qk_norm(qkv.cols, spec, q_gain.len, k_gain.len)?;
-        check!(spec.n_head < 1 << 16 && spec.n_kv_head < 1 << 16, "qk_norm: too many heads for the gpu kernel");
+        check!(Unsupported: spec.n_head < 1 << 16 && spec.n_kv_head < 1 << 16, "qk_norm: too many heads for the gpu kernel");
         let segments = qkv.rows * (spec.n_head + spec.n_kv_head);
         let heads = ((spec.n_head as u32) << 16) | spec.n_kv_head as u32;
         let params = [segments as u32, spec.head_dim as u32, eps.to_bits(), heads];
