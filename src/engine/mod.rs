@@ -344,7 +344,7 @@ impl<B: Backend> Engine<B> {
     /// Logits for every position of `ids`, from one pass without a prior cache: (T, V).
     pub fn logits_all(&self, ids: &[u32]) -> Result<HostMatrix, EngineError> {
         self.check_prompt(ids.len(), None)?;
-        let run = || -> anyhow::Result<HostMatrix> {
+        let run = || -> crate::backend::BackendResult<HostMatrix> {
             let mut cache = self.model.new_cache(&self.backend, ids.len())?;
             let seqs = [SeqSlice { rows: 0..ids.len(), start_pos: 0 }];
             let out = self.model.forward(
@@ -353,9 +353,9 @@ impl<B: Backend> Engine<B> {
                 &mut [&mut cache],
                 LogitRows::All,
             )?;
-            Ok(self.backend.read(&out)?)
+            self.backend.read(&out)
         };
-        run().map_err(|e| EngineError::Run(format!("{e:#}")))
+        run().map_err(|e| EngineError::Run(e.to_string()))
     }
 
     /// The context a run may use: the model's `n_positions`, capped by `max_context`
