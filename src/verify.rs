@@ -13,11 +13,35 @@
 
 use std::path::Path;
 
-use anyhow::{Context, bail, ensure};
-
 use crate::backend::{Backend, BackendError, HostMatrix, SeqSlice};
 use crate::compare::error_stats;
-use crate::loaders::safetensors::SafetensorsFile;
+use crate::loaders::safetensors::{SafetensorsError, SafetensorsFile};
+
+/// Why a verification could not run: a reference file that is not a reference dump, a
+/// reference made from another model, or a backend that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    File(#[from] SafetensorsError),
+    /// The file is safetensors but not what `scripts/hf_reference.py` writes.
+    #[error("{}: {message}", path.display())]
+    Reference { path: std::path::PathBuf, message: String },
+    /// The reference and the model do not fit each other (made from another model, a
+    /// prompt longer than the model's context).
+    #[error("{0}")]
+    Mismatch(String),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// `return Err(message)` unless `cond` (for [`Reference::parse`]).
+macro_rules! require {
+    ($cond:expr, $($message:tt)+) => {
+        if !$cond {
+            return Err(format!($($message)+));
+        }
+    };
+}
 use crate::model::{Batch, CausalLm, LogitRows, Stage};
 
 /// Normalised-error tolerances (max |ours − HF| / max |HF| per position), by the rounding
@@ -79,74 +103,75 @@ pub struct Reference {
     pub prompts: Vec<RefPrompt>,
 }
 
-fn matrix(file: &SafetensorsFile, name: &str) -> anyhow::Result<HostMatrix> {
-    let t = file.get(name).with_context(|| format!("the reference has no tensor {name:?}"))?;
-    ensure!(t.shape.len() == 2, "reference tensor {name:?} has shape {:?}, expected (T, C)", t.shape);
-    let data = t.to_f32().map_err(anyhow::Error::msg)?;
+fn matrix(file: &SafetensorsFile, name: &str) -> Result<HostMatrix, String> {
+    let t = file.get(name).ok_or_else(|| format!("the reference has no tensor {name:?}"))?;
+    require!(t.shape.len() == 2, "reference tensor {name:?} has shape {:?}, expected (T, C)", t.shape);
+    let data = t.to_f32()?;
     Ok(HostMatrix { rows: t.shape[0], cols: t.shape[1], data })
 }
 
-fn ints(file: &SafetensorsFile, name: &str) -> anyhow::Result<(Vec<usize>, Vec<i64>)> {
-    let t = file.get(name).with_context(|| format!("the reference has no tensor {name:?}"))?;
-    Ok((t.shape.to_vec(), t.to_i64().map_err(anyhow::Error::msg)?))
+fn ints(file: &SafetensorsFile, name: &str) -> Result<(Vec<usize>, Vec<i64>), String> {
+    let t = file.get(name).ok_or_else(|| format!("the reference has no tensor {name:?}"))?;
+    Ok((t.shape.to_vec(), t.to_i64()?))
 }
 
-fn token_id(v: i64, name: &str) -> anyhow::Result<u32> {
-    u32::try_from(v).map_err(|_| anyhow::anyhow!("reference tensor {name:?} holds {v}, not a token id"))
+fn token_id(v: i64, name: &str) -> Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("reference tensor {name:?} holds {v}, not a token id"))
 }
 
 impl Reference {
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
+    pub fn open(path: &Path) -> Result<Self, VerifyError> {
         let file = SafetensorsFile::open(path)?;
+        Self::parse(&file).map_err(|message| VerifyError::Reference { path: path.to_owned(), message })
+    }
+
+    fn parse(file: &SafetensorsFile) -> Result<Self, String> {
         let metadata = file.metadata().clone();
         let meta = |k: &str| {
-            metadata.get(k).with_context(|| {
-                format!(
-                    "{}: no {k:?} in the metadata; is this a file written by scripts/hf_reference.py?",
-                    path.display()
-                )
-            })
+            metadata
+                .get(k)
+                .ok_or_else(|| format!("no {k:?} in the metadata; is this a file written by scripts/hf_reference.py?"))
         };
-        let n_layer: usize = meta("n_layer")?.parse().context("metadata n_layer is not a number")?;
-        let n_prompts: usize = meta("n_prompts")?.parse().context("metadata n_prompts is not a number")?;
+        let n_layer: usize = meta("n_layer")?.parse().map_err(|_| "metadata n_layer is not a number")?;
+        let n_prompts: usize = meta("n_prompts")?.parse().map_err(|_| "metadata n_prompts is not a number")?;
         let texts: Vec<String> =
-            serde_json::from_str(meta("prompts")?).context("metadata prompts is not a JSON list")?;
-        ensure!(texts.len() == n_prompts, "metadata lists {} prompts but n_prompts is {n_prompts}", texts.len());
-        ensure!(n_layer <= 10_000, "metadata n_layer {n_layer} is absurd");
+            serde_json::from_str(meta("prompts")?).map_err(|_| "metadata prompts is not a JSON list")?;
+        require!(texts.len() == n_prompts, "metadata lists {} prompts but n_prompts is {n_prompts}", texts.len());
+        require!(n_layer <= 10_000, "metadata n_layer {n_layer} is absurd");
         let mut prompts = Vec::with_capacity(n_prompts);
         for (i, text) in texts.into_iter().enumerate() {
             let name = format!("p{i}.input_ids");
-            let (shape, ids) = ints(&file, &name)?;
-            ensure!(shape.len() == 1 && !ids.is_empty(), "{name} has shape {shape:?}, expected (T,) with T > 0");
-            let ids = ids.into_iter().map(|v| token_id(v, &name)).collect::<anyhow::Result<Vec<u32>>>()?;
+            let (shape, ids) = ints(file, &name)?;
+            require!(shape.len() == 1 && !ids.is_empty(), "{name} has shape {shape:?}, expected (T,) with T > 0");
+            let ids = ids.into_iter().map(|v| token_id(v, &name)).collect::<Result<Vec<u32>, _>>()?;
             let t = ids.len();
-            let mut stages = vec![(Stage::Embeddings, matrix(&file, &format!("p{i}.embeddings"))?)];
+            let mut stages = vec![(Stage::Embeddings, matrix(file, &format!("p{i}.embeddings"))?)];
             for j in 0..n_layer {
-                stages.push((Stage::Block(j), matrix(&file, &format!("p{i}.block.{j}"))?));
+                stages.push((Stage::Block(j), matrix(file, &format!("p{i}.block.{j}"))?));
             }
-            stages.push((Stage::FinalNorm, matrix(&file, &format!("p{i}.final_norm"))?));
-            stages.push((Stage::Logits, matrix(&file, &format!("p{i}.logits"))?));
+            stages.push((Stage::FinalNorm, matrix(file, &format!("p{i}.final_norm"))?));
+            stages.push((Stage::Logits, matrix(file, &format!("p{i}.logits"))?));
             for (stage, m) in &stages {
-                ensure!(m.rows == t, "p{i} {stage}: {} rows but the prompt has {t} tokens", m.rows);
+                require!(m.rows == t, "p{i} {stage}: {} rows but the prompt has {t} tokens", m.rows);
             }
-            let (top_shape, top) = ints(&file, &format!("p{i}.top_ids"))?;
-            let lp = matrix(&file, &format!("p{i}.top_logprobs"))?;
-            ensure!(
+            let (top_shape, top) = ints(file, &format!("p{i}.top_ids"))?;
+            let lp = matrix(file, &format!("p{i}.top_logprobs"))?;
+            require!(
                 top_shape.len() == 2 && top_shape[0] == t && lp.rows == t && lp.cols == top_shape[1],
                 "p{i}: top_ids {top_shape:?} and top_logprobs ({}, {}) do not match {t} positions",
                 lp.rows,
                 lp.cols
             );
             let k = lp.cols;
-            ensure!(k > 0, "p{i}: top_ids and top_logprobs hold no tokens (K = 0)");
+            require!(k > 0, "p{i}: top_ids and top_logprobs hold no tokens (K = 0)");
             let top_ids = top
                 .chunks(k.max(1))
-                .map(|r| r.iter().map(|&v| token_id(v, "top_ids")).collect::<anyhow::Result<Vec<u32>>>())
-                .collect::<anyhow::Result<Vec<_>>>()?;
+                .map(|r| r.iter().map(|&v| token_id(v, "top_ids")).collect::<Result<Vec<u32>, _>>())
+                .collect::<Result<Vec<_>, _>>()?;
             let top_logprobs = (0..t).map(|r| lp.row(r).to_vec()).collect();
             prompts.push(RefPrompt { text, ids, stages, top_ids, top_logprobs });
         }
-        ensure!(!prompts.is_empty(), "{}: the reference holds no prompts", path.display());
+        require!(!prompts.is_empty(), "the reference holds no prompts");
         Ok(Reference { metadata, n_layer, prompts })
     }
 
@@ -236,16 +261,18 @@ pub fn verify<B: Backend>(
     reference: &Reference,
     tolerance: f64,
     encode: impl Fn(&str) -> Vec<u32>,
-) -> anyhow::Result<Verification> {
+) -> Result<Verification, VerifyError> {
     let info = model.info();
+    let mismatch = |message: String| Err(VerifyError::Mismatch(message));
     if reference.n_layer != info.n_layer {
-        bail!(
+        return mismatch(format!(
             "the reference has {} blocks but the model has {}: it was made from a different model",
-            reference.n_layer,
-            info.n_layer
-        );
+            reference.n_layer, info.n_layer
+        ));
     }
-    ensure!(!reference.prompts.is_empty(), "the reference holds no prompts");
+    if reference.prompts.is_empty() {
+        return mismatch("the reference holds no prompts".into());
+    }
     let mut tokens_equal = 0;
     let mut token_mismatch = None;
     // ours[p][s]: our tensor for prompt p, stage s.
@@ -257,12 +284,20 @@ pub fn verify<B: Backend>(
         } else if token_mismatch.is_none() {
             token_mismatch = Some((i, mine));
         }
-        ensure!(
-            p.ids.len() <= info.context_length,
-            "prompt {i} has {} tokens, more than the model's context of {}",
-            p.ids.len(),
-            info.context_length
-        );
+        if let Some(&id) = p.ids.iter().find(|&&id| id as usize >= info.vocab_size) {
+            return mismatch(format!(
+                "prompt {i} holds token id {id}, outside the model's vocabulary of {}: the reference was made \
+                 from a different model",
+                info.vocab_size
+            ));
+        }
+        if p.ids.len() > info.context_length {
+            return mismatch(format!(
+                "prompt {i} has {} tokens, more than the model's context of {}",
+                p.ids.len(),
+                info.context_length
+            ));
+        }
         let mut cache = model.new_cache(backend, p.ids.len())?;
         let seqs = [SeqSlice { rows: 0..p.ids.len(), start_pos: 0 }];
         let mut stages = Vec::with_capacity(p.stages.len());
@@ -282,19 +317,16 @@ pub fn verify<B: Backend>(
                 Ok(())
             },
         )?;
-        ensure!(
-            stages.len() == p.stages.len(),
-            "the model has {} stages, the reference {}",
-            stages.len(),
-            p.stages.len()
-        );
+        if stages.len() != p.stages.len() {
+            return mismatch(format!("the model has {} stages, the reference {}", stages.len(), p.stages.len()));
+        }
         for ((stage, want), got) in p.stages.iter().zip(&stages) {
-            ensure!(
-                want.cols == got.cols,
-                "{stage}: the reference is {} wide but the model {}: it was made from a different model",
-                want.cols,
-                got.cols
-            );
+            if want.cols != got.cols {
+                return mismatch(format!(
+                    "{stage}: the reference is {} wide but the model {}: it was made from a different model",
+                    want.cols, got.cols
+                ));
+            }
         }
         ours.push(stages);
     }

@@ -160,7 +160,7 @@ fn a_session_grows_and_changes_nothing() {
     let stopped = e
         .generate_in(&mut session, &conversation, &params(50, 7), |_| {
             seen += 1;
-            if seen == 5 { Err(batch_forge::engine::StopHere.into()) } else { Ok(()) }
+            if seen == 5 { Err(batch_forge::engine::Halt::Stop) } else { Ok(()) }
         })
         .unwrap();
     assert_eq!((stopped.generated_ids.len(), stopped.stop), (5, batch_forge::engine::StopReason::Stop));
@@ -393,12 +393,18 @@ fn generation_errors_say_whose_fault_it_is() {
     }
     let hot = GenerateParams { sampling: SamplingParams { top_p: 2.0, ..SamplingParams::default() }, ..params.clone() };
     assert!(matches!(e.generate(&[11, 12], &hot, ok), Err(EngineError::Sampling(_))));
-    let pipe = |_| Err(anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe)).context("writing"));
+    // The caller's own error comes back whole: its type, its kind and its message.
+    let pipe = |_| Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "writing: broken pipe").into());
     let err = e.generate(&[11, 12], &params, pipe).map(|g| g.generated_ids).unwrap_err();
-    assert!(matches!(err, EngineError::Callback(_)) && !err.is_input());
-    let err = anyhow::Error::from(err);
-    assert!(err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some()), "{err:#}");
-    assert_eq!(format!("{err:#}"), "writing: broken pipe");
+    assert!(!err.is_input());
+    assert_eq!(err.to_string(), "writing: broken pipe");
+    match err {
+        EngineError::Callback(inner) => {
+            let io = inner.downcast_ref::<std::io::Error>().expect("the caller's io::Error");
+            assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The engine's other entry points: perplexity's windows, speculation's settings and the
@@ -419,7 +425,7 @@ fn windows_drafts_and_templates_have_typed_errors() {
             other => panic!("-c {n_ctx}: {:?}", other.map(|s| s.windows)),
         }
     }
-    let stop = |_: &_| Err(anyhow::anyhow!("enough"));
+    let stop = |_: &_| Err("enough".into());
     assert!(matches!(e.perplexity(&text, 8, None, stop), Err(EngineError::Callback(_))));
     let bad = Speculation { method: DraftMethod::Ngram(2), draft_max: 0, draft_min: 0, batch_max: 1 };
     match e.speculate(bad, None) {

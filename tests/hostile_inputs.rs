@@ -10,6 +10,8 @@ use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, SeqSlice};
 use batch_forge::engine::Engine;
+use batch_forge::loaders::checkpoint::WeightError;
+use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::{Batch, Gpt2, LogitRows};
 use batch_forge::tensor::KvDtype;
@@ -20,7 +22,8 @@ use common::*;
 /// not fit, and expects an error naming the problem each time.
 fn forward_misuse_is_an_error<B: Backend>(e: &Engine<B>) {
     let (b, m) = (&e.backend, &e.model);
-    let cfg = Gpt2Config::from_file(&fixture("tiny-gpt2").join("config.json")).unwrap();
+    let cfg =
+        Gpt2Config::from_json(&std::fs::read_to_string(fixture("tiny-gpt2").join("config.json")).unwrap()).unwrap();
     let tokens = [1u32, 2, 3, 4, 5];
     let run = |tokens: &[u32], seqs: &[SeqSlice], cache: &mut B::KvCache| {
         let batch = Batch { tokens, seqs };
@@ -115,7 +118,8 @@ fn forward_misuse_is_an_error_on_the_gpu_backend() {
 #[test]
 fn invalid_configs_are_refused_by_the_model_too() {
     let weights = batch_forge::loaders::Weights::Safetensors(WeightStore::open_dir(&fixture("tiny-gpt2")).unwrap());
-    let good = Gpt2Config::from_file(&fixture("tiny-gpt2").join("config.json")).unwrap();
+    let good =
+        Gpt2Config::from_json(&std::fs::read_to_string(fixture("tiny-gpt2").join("config.json")).unwrap()).unwrap();
     for (what, bad) in [
         ("n_layer 0", Gpt2Config { n_layer: 0, ..good.clone() }),
         ("n_head 0", Gpt2Config { n_head: 0, ..good.clone() }),
@@ -124,11 +128,89 @@ fn invalid_configs_are_refused_by_the_model_too() {
         ("huge", Gpt2Config { n_layer: 1 << 24, n_embd: 1 << 24, n_inner: 1 << 24, ..good.clone() }),
     ] {
         let r = Gpt2::load(&ReferenceBackend, bad.clone(), &weights);
-        let err = r.err().unwrap_or_else(|| panic!("{what} accepted")).to_string();
-        assert!(err.contains("invalid GPT-2 config"), "{what}: {err}");
+        let err = r.err().unwrap_or_else(|| panic!("{what} accepted"));
+        assert!(matches!(err, WeightError::Config { architecture: "GPT-2", .. }), "{what}: {err:?}");
+        assert!(err.to_string().contains("invalid GPT-2 config"), "{what}: {err}");
         assert!(CpuBackend::new(CpuOptions::default()).is_ok_and(|b| Gpt2::load(&b, bad, &weights).is_err()));
     }
     assert!(Gpt2::load(&ReferenceBackend, good, &weights).is_ok());
+}
+
+/// The tiny GPT-2 folder with its weights replaced by `edit` of them, in a temporary folder.
+fn tiny_gpt2_with(edit: impl FnOnce(&mut Vec<OwnedTensor>)) -> tempfile::TempDir {
+    let src = fixture("tiny-gpt2");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let file = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+    let mut tensors: Vec<OwnedTensor> = file
+        .names()
+        .map(|n| {
+            let t = file.get(n).unwrap();
+            OwnedTensor { name: n.to_owned(), dtype: t.dtype, shape: t.shape.to_vec(), bytes: t.bytes.to_vec() }
+        })
+        .collect();
+    edit(&mut tensors);
+    std::fs::write(dir.path().join("model.safetensors"), serialize(&tensors, &Default::default())).unwrap();
+    dir
+}
+
+/// The library's errors say whose fault a failure is in their types, not only in their
+/// words: a missing or misshapen tensor, a `--model` that names nothing, a quantization
+/// its settings refuse, a reference dump that is not one or is of another model.
+#[test]
+fn loading_converting_and_verifying_errors_are_typed() {
+    use batch_forge::convert::ConvertError;
+    use batch_forge::convert::quantize::{FileType, QuantizeOptions, quantize_file};
+    use batch_forge::loaders::ResolveError;
+    use batch_forge::loaders::hub::HubClient;
+    use batch_forge::model::load::LoadError;
+    use batch_forge::verify::{Reference, VerifyError, tolerance, verify};
+
+    let missing = tiny_gpt2_with(|t| t.retain(|t| t.name != "h.1.ln_2.bias"));
+    match Engine::load(ReferenceBackend, missing.path()).map(|_| ()) {
+        Err(LoadError::Weights { cause: WeightError::Missing { name }, .. }) => assert_eq!(name, "h.1.ln_2.bias"),
+        other => panic!("{other:?}"),
+    }
+    let misshapen = tiny_gpt2_with(|t| {
+        let w = t.iter_mut().find(|t| t.name == "h.0.mlp.c_proj.bias").unwrap();
+        w.bytes.truncate(w.bytes.len() - 4);
+        w.shape[0] -= 1;
+    });
+    match Engine::load(ReferenceBackend, misshapen.path()).map(|_| ()) {
+        Err(LoadError::Weights { cause: WeightError::Shape { name, got, .. }, .. }) => {
+            assert_eq!((name.as_str(), got.len()), ("h.0.mlp.c_proj.bias", 1));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let hub = HubClient { offline: true, ..HubClient::from_env() };
+    for nothing in ["./no/such/folder", "missing.gguf"] {
+        let r = batch_forge::loaders::resolve_model(nothing, &hub, true, "generate");
+        assert!(matches!(r, Err(ResolveError::Argument(_))), "{nothing}: {r:?}");
+    }
+
+    let out = tempfile::tempdir().unwrap();
+    let q8 = fixture("tiny-gpt2").join("tiny-gpt2.q8_0.gguf");
+    let opts = QuantizeOptions { ftype: FileType::Q4_0, pure: false, allow_requantize: false };
+    match quantize_file(&q8, &out.path().join("q4.gguf"), &opts, |_, _, _| {}) {
+        Err(ConvertError::Refused(m)) => assert!(m.contains("--allow-requantize"), "{m}"),
+        other => panic!("{:?}", other.map(|p| p.len())),
+    }
+    assert!(!out.path().join("q4.gguf").exists() && !out.path().join("q4.gguf.part").exists());
+
+    let config = fixture("tiny-gpt2").join("config.json");
+    assert!(matches!(Reference::open(&config), Err(VerifyError::File(_))));
+    let weights = fixture("tiny-gpt2").join("model.safetensors");
+    assert!(matches!(Reference::open(&weights), Err(VerifyError::Reference { .. })));
+    let gpt2_dump = Reference::open(&fixture("tiny-gpt2").join("verify.safetensors")).unwrap();
+    let llama = Engine::load(ReferenceBackend, &fixture("tiny-llama")).unwrap();
+    let r = verify(&llama.backend, llama.model.as_ref(), &gpt2_dump, tolerance::F32, |s| llama.prompt_ids(s));
+    match r.map(|_| ()) {
+        Err(VerifyError::Mismatch(m)) => assert!(m.contains("different model"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 fn tokenizer_json_with(added: &str) -> String {

@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::engine::{Engine, GenerateParams};
-use batch_forge::loaders::hub::HubClient;
-use batch_forge::loaders::resolve_model;
+use batch_forge::loaders::hub::{HubClient, HubError};
 use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
+use batch_forge::loaders::{FetchError, ResolveError, resolve_model};
 use common::*;
 use sha2::{Digest, Sha256};
 use tiny_http::{Header, Response, Server};
@@ -148,6 +148,10 @@ fn unreachable_hub_without_cache_says_how_to_get_files() {
         .unwrap_err();
     let msg = format!("{e:#}");
     assert!(msg.contains("cannot reach the Hub") && msg.contains("huggingface-cli download org/absent"), "{msg}");
+    assert!(
+        matches!(&e, ResolveError::Fetch { cause, .. } if matches!(**cause, FetchError::Hub(HubError::Unreachable { .. }))),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -157,6 +161,10 @@ fn corrupt_download_is_rejected_and_leaves_no_blob() {
     let cache = tempfile::tempdir().unwrap();
     let e = resolve_model("org/tiny", &client(&hub.endpoint, cache.path()), true, "generate").unwrap_err();
     assert!(format!("{e:#}").contains("sha256"), "{e:#}");
+    assert!(
+        matches!(&e, ResolveError::Fetch { cause, .. } if matches!(**cause, FetchError::Hub(HubError::Download { .. }))),
+        "{e:?}"
+    );
     let blobs = cache.path().join("models--org--tiny/blobs");
     let weights_sha = sha256(&std::fs::read(src.join("model.safetensors")).unwrap());
     assert!(!blobs.join(&weights_sha).exists());

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use batch_forge::backend::Backend;
 use batch_forge::backend::cpu::{CpuBackend, CpuOptions};
+use batch_forge::backend::{Backend, BackendResult};
 use batch_forge::engine::speculate::{DraftSeq, Drafter, ModelDrafter, NgramDrafter};
 use batch_forge::engine::{
     DraftMethod, Engine, Event, GenerateParams, Metrics, Request, SamplingParams, Scheduler, SchedulerConfig,
@@ -132,7 +132,7 @@ struct Oracle {
 }
 
 impl<B: Backend> Drafter<B> for Oracle {
-    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()> {
         for (s, d) in seqs.iter().zip(drafts.iter_mut()) {
             self.calls += 1;
             let (prompt_len, truth) = &self.truth[&s.id];
@@ -425,7 +425,7 @@ struct Watch<D> {
 }
 
 impl<B: Backend, D: Drafter<B>> Drafter<B> for Watch<D> {
-    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()> {
         self.inner.propose(backend, seqs, drafts)?;
         if drafts.iter().flatten().any(|&t| t >= self.vocab) {
             self.outside.store(true, Ordering::Relaxed);
@@ -682,7 +682,7 @@ fn draft_caches_end_with_their_sequences() {
         held: Arc<std::sync::atomic::AtomicUsize>,
     }
     impl Drafter<CpuBackend> for Probe<'_> {
-        fn propose(&mut self, b: &CpuBackend, seqs: &[DraftSeq<'_>], d: &mut [Vec<u32>]) -> anyhow::Result<()> {
+        fn propose(&mut self, b: &CpuBackend, seqs: &[DraftSeq<'_>], d: &mut [Vec<u32>]) -> BackendResult<()> {
             self.inner.propose(b, seqs, d)?;
             self.held.store(self.inner.cached_sequences(), Ordering::Relaxed);
             Ok(())
@@ -779,7 +779,7 @@ fn drafts_leave_room_for_a_waiting_prompt() {
 struct Right(HashMap<u64, (usize, Vec<u32>)>);
 
 impl<B: Backend> Drafter<B> for Right {
-    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()> {
         for (s, d) in seqs.iter().zip(drafts.iter_mut()) {
             let (prompt_len, truth) = &self.0[&s.id];
             let done = s.tokens.len() - prompt_len;

@@ -17,7 +17,7 @@ use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{KvDtype, WeightDtype};
 use batch_forge::chat::Message;
 use batch_forge::engine::text::TextOut;
-use batch_forge::engine::{Engine, GenerateParams, SamplingParams, StopHere, TokenLogprobs};
+use batch_forge::engine::{Engine, GenerateParams, Halt, SamplingParams, TokenLogprobs};
 use batch_forge::loaders::{self, hub::HubClient};
 
 create_exception!(
@@ -225,7 +225,7 @@ impl Model {
             with_engine!(engine, |e| {
                 let mut text = TextOut::new(&e.text.tokenizer, &stop);
                 let result =
-                    e.generate(&ids, &params, |id| if text.push(id, None) { Err(StopHere.into()) } else { Ok(()) })?;
+                    e.generate(&ids, &params, |id| if text.push(id, None) { Err(Halt::Stop) } else { Ok(()) })?;
                 text.finish();
                 let top = params.logprobs.is_some();
                 Ok(Completion {
@@ -369,9 +369,9 @@ impl Model {
                                 let (piece, _) = text.take_ready(false);
                                 // The reader is gone (the iterator was dropped): stop.
                                 if !piece.is_empty() && tx.send(Ok(piece)).is_err() {
-                                    return Err(StopHere.into());
+                                    return Err(Halt::Stop);
                                 }
-                                if stopped { Err(StopHere.into()) } else { Ok(()) }
+                                if stopped { Err(Halt::Stop) } else { Ok(()) }
                             });
                             match result {
                                 Ok(_) => {

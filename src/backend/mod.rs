@@ -67,6 +67,18 @@ pub enum BackendError {
     Device(String),
 }
 
+impl BackendError {
+    /// The same kind of error, its message prefixed with what was being done.
+    pub fn context(self, what: &str) -> Self {
+        match self {
+            BackendError::Invalid(m) => BackendError::Invalid(format!("{what}: {m}")),
+            BackendError::Memory(m) => BackendError::Memory(format!("{what}: {m}")),
+            BackendError::Unsupported(m) => BackendError::Unsupported(format!("{what}: {m}")),
+            BackendError::Device(m) => BackendError::Device(format!("{what}: {m}")),
+        }
+    }
+}
+
 /// A backend's result.
 pub type BackendResult<T> = Result<T, BackendError>;
 

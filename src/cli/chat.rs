@@ -12,7 +12,7 @@ use clap::Args;
 use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
 use batch_forge::engine::text::TextOut;
-use batch_forge::engine::{GenerateParams, StopHere, StopReason};
+use batch_forge::engine::{GenerateParams, Halt, StopReason};
 
 use super::generate::SamplingArgs;
 use super::{BackendArgs, BackendChoice, with_backend};
@@ -146,9 +146,9 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
             }
             let stopped = text.push(id, None);
             let (delta, _) = text.take_ready(false);
-            out.write_all(delta.as_bytes()).context("writing to stdout")?;
-            out.flush().context("writing to stdout")?;
-            if stopped { Err(StopHere.into()) } else { Ok(()) }
+            out.write_all(delta.as_bytes()).map_err(super::stdout_error)?;
+            out.flush().map_err(super::stdout_error)?;
+            if stopped { Err(Halt::Stop) } else { Ok(()) }
         });
         let generation = match result {
             Ok(g) => g,
@@ -163,7 +163,7 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> anyhow::Result<()> {
         };
         text.finish();
         let (tail, _) = text.take_ready(true);
-        writeln!(out, "{tail}").context("writing to stdout")?;
+        writeln!(out, "{tail}").map_err(super::stdout_error)?;
         drop(out);
         let reply = text.text().to_owned();
         let seconds = start.elapsed().as_secs_f64();

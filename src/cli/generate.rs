@@ -14,7 +14,7 @@ use batch_forge::backend::Backend;
 use batch_forge::chat::Message;
 use batch_forge::engine::grammar::{GrammarSpec, Grammars};
 use batch_forge::engine::text::TextOut;
-use batch_forge::engine::{Engine, GenerateParams, Generation, SamplingParams, StopHere, StopReason};
+use batch_forge::engine::{Engine, GenerateParams, Generation, Halt, SamplingParams, StopReason};
 use batch_forge::loaders::DEFAULT_MODEL;
 
 use super::{BackendArgs, BackendChoice, with_backend};
@@ -590,10 +590,10 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
         let stopped = text.push(id, None);
         if !args.json {
             let (delta, _) = text.take_ready(false);
-            out.write_all(delta.as_bytes()).context("writing to stdout")?;
-            out.flush().context("writing to stdout")?;
+            out.write_all(delta.as_bytes()).map_err(super::stdout_error)?;
+            out.flush().map_err(super::stdout_error)?;
         }
-        if stopped { Err(StopHere.into()) } else { Ok(()) }
+        if stopped { Err(Halt::Stop) } else { Ok(()) }
     })?;
     text.finish();
     let (tail, _) = text.take_ready(true);
@@ -634,9 +634,9 @@ fn run_on<B: Backend>(backend: B, args: &GenerateArgs, prompt: &str, source: &Pr
                 .collect();
             obj["logprobs"] = entries.into();
         }
-        writeln!(out, "{obj}").context("writing to stdout")?;
+        writeln!(out, "{obj}").map_err(super::stdout_error)?;
     } else {
-        writeln!(out, "{tail}").context("writing to stdout")?;
+        writeln!(out, "{tail}").map_err(super::stdout_error)?;
     }
     drop(out);
     if result.stop == StopReason::ContextFull {

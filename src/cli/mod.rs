@@ -463,8 +463,13 @@ pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
 
 /// `--model`: a local folder, or a Hub id resolved through the HF cache. `command` is
 /// the subcommand, named in the hint for fetching a missing model.
+/// An error writing to stdout, said as such (for engine callbacks, which take any error).
+pub fn stdout_error(e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("writing to stdout: {e}"))
+}
+
 pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
-    loaders::resolve_model(model, &HubClient::from_env(), weights, command)
+    Ok(loaders::resolve_model(model, &HubClient::from_env(), weights, command)?)
 }
 
 /// All of stdin as UTF-8; `what` names it in the error (an invalid byte's offset).

@@ -70,13 +70,13 @@ fn perplexity_on<B: Backend>(backend: B, args: &PerplexityArgs, text: &str) -> a
             let per = start.elapsed().as_secs_f64();
             eprintln!("perplexity: {per:.2} s per window, about {:.1} s in all", per * n as f64);
         }
-        write!(out, "[{}]{:.4},", s.windows, s.ppl()).context("writing to stdout")?;
-        out.flush().context("writing to stdout")
+        write!(out, "[{}]{:.4},", s.windows, s.ppl()).map_err(super::stdout_error)?;
+        Ok(out.flush().map_err(super::stdout_error)?)
     })?;
     let mut out = stdout.lock();
-    writeln!(out).context("writing to stdout")?;
+    writeln!(out).map_err(super::stdout_error)?;
     writeln!(out, "Final estimate: PPL = {:.4} +/- {:.5}", state.ppl(), state.uncertainty())
-        .context("writing to stdout")?;
+        .map_err(super::stdout_error)?;
     eprintln!("perplexity: {} tokens scored in {:.2} s", state.count, start.elapsed().as_secs_f64());
     Ok(())
 }

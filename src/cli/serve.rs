@@ -161,7 +161,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     "model loaded in {:.2} s",
                     start.elapsed().as_secs_f64()
                 );
-                serve::run_engine(engine, &engine_state)
+                Ok(serve::run_engine(engine, &engine_state)?)
             })
         });
         let _ = done_tx.send(result);

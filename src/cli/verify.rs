@@ -177,7 +177,7 @@ fn check_on<B: Backend>(
     tolerance: f64,
 ) -> anyhow::Result<Verification> {
     let engine = Engine::load(backend, dir)?;
-    verify(&engine.backend, engine.model.as_ref(), reference, tolerance, |s| engine.prompt_ids(s))
+    Ok(verify(&engine.backend, engine.model.as_ref(), reference, tolerance, |s| engine.prompt_ids(s))?)
 }
 
 fn short(text: &str) -> String {

@@ -23,9 +23,9 @@
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
+use super::ConvertError;
 use super::quantize::{Source, SourceTensor};
 use super::spm_model::{PieceType, parse_pieces};
 use crate::backend::RopeScaling;
@@ -52,9 +52,12 @@ pub struct HfModel {
     store: WeightStore,
 }
 
-fn read_json(path: &Path) -> anyhow::Result<Value> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", path.display()))
+fn read_text(path: &Path) -> Result<String, ConvertError> {
+    std::fs::read_to_string(path).map_err(|e| ConvertError::file(path, format!("cannot read: {e}")))
+}
+
+fn read_json(path: &Path) -> Result<Value, ConvertError> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| ConvertError::file(path, format!("invalid JSON: {e}")))
 }
 
 fn u32v(v: usize) -> MetaValue {
@@ -62,14 +65,13 @@ fn u32v(v: usize) -> MetaValue {
 }
 
 impl HfModel {
-    pub fn open(dir: &Path) -> anyhow::Result<Self> {
+    pub fn open(dir: &Path) -> Result<Self, ConvertError> {
         let config_path = dir.join("config.json");
-        let text =
-            std::fs::read_to_string(&config_path).with_context(|| format!("cannot read {}", config_path.display()))?;
+        let text = read_text(&config_path)?;
         let config: Value =
-            serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", config_path.display()))?;
+            serde_json::from_str(&text).map_err(|e| ConvertError::file(&config_path, format!("invalid JSON: {e}")))?;
         let model_type = config["model_type"].as_str().map(str::to_owned);
-        let bad = |e: String| anyhow::anyhow!("{}: {e}", config_path.display());
+        let bad = |e: String| ConvertError::file(&config_path, e);
         let arch = match model_type.as_deref() {
             Some("llama" | "qwen2" | "qwen3") => Arch::Llama(LlamaConfig::from_hf_json(&text).map_err(bad)?),
             Some("gpt2") | None => Arch::Gpt2(Gpt2Config::from_json(&text).map_err(bad)?),
@@ -78,29 +80,29 @@ impl HfModel {
                 gemma3_fits_gguf(&c).map_err(bad)?;
                 Arch::Gemma3(c)
             }
-            Some(other) => bail!(
-                "{}: model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2, gemma3_text)",
-                config_path.display()
-            ),
+            Some(other) => {
+                let message =
+                    format!("model_type {other:?} cannot be converted (llama, qwen2, qwen3, gpt2, gemma3_text)");
+                return Err(bad(message));
+            }
         };
         if let Arch::Llama(c) = &arch
             && c.variant != LlamaVariant::Llama
             && c.rope_scaling != RopeScaling::None
             && !matches!(c.rope_scaling, RopeScaling::Linear { .. })
         {
-            bail!(
-                "{}: {} with {:?} RoPE scaling cannot be converted",
-                config_path.display(),
+            return Err(bad(format!(
+                "{} with {:?} RoPE scaling cannot be converted",
                 c.variant.name(),
                 c.rope_scaling
-            );
+            )));
         }
         let store = WeightStore::open_dir(dir)?;
         Ok(HfModel { dir: dir.to_owned(), arch, has_head_dim: !config["head_dim"].is_null(), store })
     }
 
     /// The GGUF contents: metadata and tensors (loaded, permuted or transposed on demand).
-    pub fn source(&self) -> anyhow::Result<Source<'_>> {
+    pub fn source(&self) -> Result<Source<'_>, ConvertError> {
         let mut metadata = Vec::new();
         let mut set = |k: &str, v: MetaValue| metadata.push((k.to_owned(), v));
         let name = self.dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
@@ -197,7 +199,7 @@ impl HfModel {
     /// prefers one (every one here but GPT-2), else byte-level BPE from tokenizer.json (or
     /// vocab.json + merges.txt); then gguf-py's `SpecialVocab` (special ids, BOS/EOS flags,
     /// the chat template) and each architecture's own keys.
-    fn tokenizer_metadata(&self, vocab_size: usize) -> anyhow::Result<Vec<(String, MetaValue)>> {
+    fn tokenizer_metadata(&self, vocab_size: usize) -> Result<Vec<(String, MetaValue)>, ConvertError> {
         let tc_path = self.dir.join("tokenizer_config.json");
         let tc = if tc_path.is_file() { Some(read_json(&tc_path)?) } else { None };
         let mut meta = Vec::new();
@@ -243,9 +245,9 @@ impl HfModel {
         path: &Path,
         vocab_size: usize,
         tc: Option<&Value>,
-    ) -> anyhow::Result<(Vec<(String, MetaValue)>, usize)> {
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let pieces = parse_pieces(&bytes).with_context(|| path.display().to_string())?;
+    ) -> Result<(Vec<(String, MetaValue)>, usize), ConvertError> {
+        let bytes = std::fs::read(path).map_err(|e| ConvertError::file(path, format!("cannot read: {e}")))?;
+        let pieces = parse_pieces(&bytes).map_err(|e| ConvertError::file(path, e.to_string()))?;
         let mut tokens: Vec<(String, f32, i32)> = (0..vocab_size).map(|i| (format!("[PAD{i}]"), -10000.0, 5)).collect();
         // Pieces past the config's vocab_size are dropped, as the converter drops them.
         for (slot, p) in tokens.iter_mut().zip(&pieces) {
@@ -261,9 +263,10 @@ impl HfModel {
         let added_path = self.dir.join("added_tokens.json");
         if added_path.is_file() {
             let added = read_json(&added_path)?;
-            let added = added.as_object().with_context(|| format!("{}: not an object", added_path.display()))?;
+            let added = added.as_object().ok_or_else(|| ConvertError::file(&added_path, "not an object"))?;
             for (text, id) in added {
-                let id = id.as_u64().with_context(|| format!("{}: id of {text:?} is {id}", added_path.display()))?;
+                let id =
+                    id.as_u64().ok_or_else(|| ConvertError::file(&added_path, format!("id of {text:?} is {id}")))?;
                 if let Some(slot) = usize::try_from(id).ok().and_then(|i| tokens.get_mut(i)) {
                     *slot = (text.clone(), -1000.0, 4);
                 }
@@ -271,9 +274,14 @@ impl HfModel {
         }
         if let Some(decoder) = tc.and_then(|tc| tc["added_tokens_decoder"].as_object()) {
             for (id, t) in decoder {
-                let bad = || format!("tokenizer_config.json: added_tokens_decoder entry {id:?}");
-                let id: usize = id.parse().with_context(bad)?;
-                let text = t["content"].as_str().with_context(bad)?;
+                let bad = || {
+                    ConvertError::file(
+                        &self.dir.join("tokenizer_config.json"),
+                        format!("added_tokens_decoder entry {id:?}"),
+                    )
+                };
+                let id: usize = id.parse().map_err(|_| bad())?;
+                let text = t["content"].as_str().ok_or_else(bad)?;
                 let Some(slot) = tokens.get_mut(id) else { continue };
                 *slot = if t["special"].as_bool() == Some(true) || looks_special(text) {
                     (text.to_owned(), -1000.0, 3)
@@ -305,30 +313,27 @@ impl HfModel {
 
     /// Byte-level BPE, as the converter's `_set_vocab_gpt2`: tokens, types, merges and the
     /// pre-tokenizer's llama.cpp name, from tokenizer.json or vocab.json + merges.txt.
-    fn bpe_vocab(&self, vocab_size: usize) -> anyhow::Result<Vec<(String, MetaValue)>> {
+    fn bpe_vocab(&self, vocab_size: usize) -> Result<Vec<(String, MetaValue)>, ConvertError> {
         let tj = self.dir.join("tokenizer.json");
         let mut pre = "gpt-2";
         type Parts = (Vec<(String, u64)>, Vec<String>, Vec<(String, u64, bool)>);
         let (vocab, merges, added): Parts = if tj.is_file() {
             let root = read_json(&tj)?;
             let model = &root["model"];
-            ensure!(
-                model["type"] == "BPE",
-                "{}: only BPE tokenizers convert (model.type {})",
-                tj.display(),
-                model["type"]
-            );
-            ensure!(
-                model["byte_fallback"].as_bool() != Some(true) && root["decoder"]["type"] == "ByteLevel",
-                "{}: only byte-level BPE converts from tokenizer.json (this is a SentencePiece-style BPE: \
-                 byte_fallback or a non-ByteLevel decoder; the folder's SentencePiece tokenizer.model would convert)",
-                tj.display()
-            );
+            let bad = |message: String| ConvertError::file(&tj, message);
+            if model["type"] != "BPE" {
+                return Err(bad(format!("only BPE tokenizers convert (model.type {})", model["type"])));
+            }
+            if model["byte_fallback"].as_bool() == Some(true) || root["decoder"]["type"] != "ByteLevel" {
+                return Err(bad("only byte-level BPE converts from tokenizer.json (this is a SentencePiece-style BPE: \
+                     byte_fallback or a non-ByteLevel decoder; the folder's SentencePiece tokenizer.model would convert)"
+                    .into()));
+            }
             pre = pre_tokenizer_name(&root["pre_tokenizer"])
-                .with_context(|| format!("{}: pre_tokenizer {}", tj.display(), root["pre_tokenizer"]))?;
-            let vocab = model["vocab"].as_object().with_context(|| format!("{}: no model.vocab", tj.display()))?;
+                .ok_or_else(|| bad(format!("pre_tokenizer {}: {UNKNOWN_PRE_TOKENIZER}", root["pre_tokenizer"])))?;
+            let vocab = model["vocab"].as_object().ok_or_else(|| bad("no model.vocab".into()))?;
             let vocab = vocab.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX))).collect();
-            let merges = model["merges"].as_array().with_context(|| format!("{}: no model.merges", tj.display()))?;
+            let merges = model["merges"].as_array().ok_or_else(|| bad("no model.merges".into()))?;
             let merges = merges
                 .iter()
                 .map(|m| match m {
@@ -336,9 +341,9 @@ impl HfModel {
                     Value::Array(p) if p.len() == 2 && p.iter().all(Value::is_string) => {
                         Ok(format!("{} {}", p[0].as_str().unwrap_or(""), p[1].as_str().unwrap_or("")))
                     }
-                    _ => bail!("{}: malformed merge {m}", tj.display()),
+                    _ => Err(bad(format!("malformed merge {m}"))),
                 })
-                .collect::<anyhow::Result<_>>()?;
+                .collect::<Result<_, _>>()?;
             let added = root["added_tokens"]
                 .as_array()
                 .into_iter()
@@ -355,11 +360,11 @@ impl HfModel {
         } else {
             let vj = self.dir.join("vocab.json");
             let vocab = read_json(&vj)?;
-            let vocab = vocab.as_object().with_context(|| format!("{}: not an object", vj.display()))?;
+            let vocab = vocab.as_object().ok_or_else(|| ConvertError::file(&vj, "not an object"))?;
             let vocab: Vec<(String, u64)> =
                 vocab.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX))).collect();
             let mp = self.dir.join("merges.txt");
-            let text = std::fs::read_to_string(&mp).with_context(|| format!("cannot read {}", mp.display()))?;
+            let text = read_text(&mp)?;
             let merges =
                 text.lines().filter(|l| !l.is_empty() && !l.starts_with("#version")).map(str::to_owned).collect();
             let eot = vocab.iter().find(|(k, _)| k == "<|endoftext|>").map(|(k, id)| (k.clone(), *id, true));
@@ -367,10 +372,11 @@ impl HfModel {
         };
         // One text per id up to the model's vocabulary; ids no token uses are padding.
         let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
-        let mut place = |text: &str, id: u64, ty: i32| -> anyhow::Result<()> {
+        let mut place = |text: &str, id: u64, ty: i32| -> Result<(), ConvertError> {
             let slot = usize::try_from(id).ok().and_then(|i| tokens.get_mut(i));
-            let slot =
-                slot.with_context(|| format!("token {text:?} has id {id}, outside the vocabulary of {vocab_size}"))?;
+            let slot = slot.ok_or_else(|| {
+                ConvertError::Unsupported(format!("token {text:?} has id {id}, outside the vocabulary of {vocab_size}"))
+            })?;
             *slot = Some((text.to_owned(), ty));
             Ok(())
         };
@@ -409,7 +415,7 @@ impl HfModel {
         tc: Option<Value>,
         n_vocab: Option<usize>,
         meta: &mut Vec<(String, MetaValue)>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ConvertError> {
         let mut types = vec!["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
         // gguf-py's dict: a flag set again keeps its place.
         fn put(add: &mut Vec<(&'static str, bool)>, typ: &'static str, b: bool) {
@@ -567,10 +573,11 @@ impl HfModel {
                             }
                         }
                     }
-                    Some(other) => bail!(
-                        "{}: post_processor {other} cannot be converted (ByteLevel, TemplateProcessing)",
-                        tj_path.display()
-                    ),
+                    Some(other) => {
+                        let message =
+                            format!("post_processor {other} cannot be converted (ByteLevel, TemplateProcessing)");
+                        return Err(ConvertError::file(&tj_path, message));
+                    }
                     None => {}
                 }
             }
@@ -627,7 +634,7 @@ impl HfModel {
             }
         }
         if let Some(t) = tc.as_ref().filter(|_| tc_set) {
-            let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+            let read = |p: &Path| read_text(p);
             let jinja = self.dir.join("chat_template.jinja");
             let json = self.dir.join("chat_template.json");
             let alt = if jinja.is_file() {
@@ -709,20 +716,21 @@ impl HfModel {
         gguf: &str,
         reorder: Reorder,
         want: &[usize],
-    ) -> anyhow::Result<SourceTensor<'a>> {
-        let view = self.store.get(hf).with_context(|| format!("tensor {hf:?} is missing"))?;
-        ensure!(view.shape == want, "tensor {hf:?} has shape {:?}; the config implies {want:?}", view.shape);
+    ) -> Result<SourceTensor<'a>, ConvertError> {
+        let view = self.store.get(hf).ok_or_else(|| ConvertError::tensor(hf, "missing"))?;
+        if view.shape != want {
+            return Err(ConvertError::tensor(hf, format!("shape {:?}; the config implies {want:?}", view.shape)));
+        }
         let ty = match view.dtype {
             Dtype::F32 => GgmlType::F32,
             Dtype::F16 => GgmlType::F16,
             Dtype::BF16 => GgmlType::BF16,
-            other => bail!("tensor {hf:?} is {other:?}; only F32, F16 and BF16 convert"),
+            other => return Err(ConvertError::tensor(hf, format!("type {other:?}: only F32, F16 and BF16 convert"))),
         };
         let shape = view.shape.to_vec();
-        ensure!(
-            shape.len() == 2 || (shape.len() == 1 && matches!(reorder, Reorder::None | Reorder::PlusOne)),
-            "tensor {hf:?} has shape {shape:?} (a matrix expected)"
-        );
+        if !(shape.len() == 2 || (shape.len() == 1 && matches!(reorder, Reorder::None | Reorder::PlusOne))) {
+            return Err(ConvertError::tensor(hf, format!("shape {shape:?} (a matrix expected)")));
+        }
         let one_d = shape.len() == 1;
         // ggml dims: innermost first.
         let mut dims: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
@@ -730,9 +738,10 @@ impl HfModel {
             dims.reverse();
         }
         let bytes = view.bytes;
-        let load = move || -> anyhow::Result<Cow<'a, [u8]>> {
+        let name = hf.to_owned();
+        let load = move || -> Result<Cow<'a, [u8]>, ConvertError> {
             if one_d && (ty != GgmlType::F32 || matches!(reorder, Reorder::PlusOne)) {
-                let mut values = crate::quant::dequantize(ty, bytes).map_err(anyhow::Error::msg)?;
+                let mut values = crate::quant::dequantize(ty, bytes).map_err(|e| ConvertError::tensor(&name, e))?;
                 if let Reorder::PlusOne = reorder {
                     // As the converter, which widens every tensor but an f16 one to f32
                     // before it adds 1: an f16 `1 + w` is rounded to f16.
@@ -745,7 +754,9 @@ impl HfModel {
             let elem = if ty == GgmlType::F32 { 4 } else { 2 };
             Ok(match reorder {
                 Reorder::None | Reorder::PlusOne => Cow::Borrowed(bytes),
-                Reorder::RopePairs(n_head) => Cow::Owned(rope_pairs(bytes, shape[0], shape[1] * elem, n_head)?),
+                Reorder::RopePairs(n_head) => Cow::Owned(
+                    rope_pairs(bytes, shape[0], shape[1] * elem, n_head).map_err(|e| ConvertError::tensor(&name, e))?,
+                ),
                 Reorder::Transpose => Cow::Owned(transpose(bytes, shape[0], shape[1], elem)),
             })
         };
@@ -758,17 +769,17 @@ impl HfModel {
     }
 
     /// Every tensor of the folder is mapped (`map`'s HF names) or `ignorable`.
-    fn check_all_used(&self, map: &[TensorMap], ignorable: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+    fn check_all_used(&self, map: &[TensorMap], ignorable: impl Fn(&str) -> bool) -> Result<(), ConvertError> {
         let used: std::collections::HashSet<&str> = map.iter().map(|m| m.0.as_str()).collect();
         for t in self.store.tensors() {
             if !used.contains(t.name) && !ignorable(t.name) {
-                bail!("tensor {:?} has no GGUF name (not a tensor of this architecture)", t.name);
+                return Err(ConvertError::tensor(t.name, "has no GGUF name (not a tensor of this architecture)"));
             }
         }
         Ok(())
     }
 
-    fn llama_tensors(&self, c: &LlamaConfig) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+    fn llama_tensors(&self, c: &LlamaConfig) -> Result<Vec<SourceTensor<'_>>, ConvertError> {
         let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
         let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
         let mut map: Vec<TensorMap> = vec![
@@ -837,7 +848,7 @@ impl HfModel {
         Ok(tensors)
     }
 
-    fn gemma3_tensors(&self, c: &Gemma3Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+    fn gemma3_tensors(&self, c: &Gemma3Config) -> Result<Vec<SourceTensor<'_>>, ConvertError> {
         let (v, d, f, hd) = (c.vocab_size, c.hidden_size, c.intermediate_size, c.head_dim);
         let (q, kv) = (c.n_head * hd, c.n_kv_head * hd);
         // convert_hf_to_gguf.py cuts the embedding to the tokenizer's ids but writes a token
@@ -849,12 +860,15 @@ impl HfModel {
             let root = read_json(&tj)?;
             let n = |v: &Value| v.as_object().map(|o| o.len()).or(v.as_array().map(|a| a.len())).unwrap_or(0);
             let n_real = n(&root["model"]["vocab"]) + n(&root["added_tokens"]);
-            ensure!(
-                n_real >= v,
-                "{}: {n_real} token ids for a vocab_size of {v}: llama.cpp's converter would cut the embedding to \
-                 {n_real} rows and list {v} tokens, a file that does not load",
-                tj.display()
-            );
+            if n_real < v {
+                return Err(ConvertError::file(
+                    &tj,
+                    format!(
+                        "{n_real} token ids for a vocab_size of {v}: llama.cpp's converter would cut the embedding to \
+                         {n_real} rows and list {v} tokens, a file that does not load"
+                    ),
+                ));
+            }
         }
         let mut map: Vec<TensorMap> = vec![
             ("model.embed_tokens.weight".into(), "token_embd.weight".into(), Reorder::None, vec![v, d]),
@@ -880,17 +894,18 @@ impl HfModel {
         // again as output.weight (Google's checkpoints and save_pretrained have none).
         if let (Some(head), Some(embed)) =
             (self.store.get("lm_head.weight"), self.store.get("model.embed_tokens.weight"))
+            && (head.shape != embed.shape || head.bytes != embed.bytes)
         {
-            ensure!(
-                head.shape == embed.shape && head.bytes == embed.bytes,
+            return Err(ConvertError::Unsupported(
                 "lm_head.weight differs from model.embed_tokens.weight: an untied Gemma 3 head cannot be converted"
-            );
+                    .into(),
+            ));
         }
         self.check_all_used(&map, |n| n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq"))?;
         map.into_iter().map(|(h, g, r, shape)| self.tensor(&h, &g, r, &shape)).collect()
     }
 
-    fn gpt2_tensors(&self, c: &Gpt2Config) -> anyhow::Result<Vec<SourceTensor<'_>>> {
+    fn gpt2_tensors(&self, c: &Gpt2Config) -> Result<Vec<SourceTensor<'_>>, ConvertError> {
         let prefix = if self.store.get("transformer.wte.weight").is_some() { "transformer." } else { "" };
         let (v, d, f, p) = (c.vocab_size, c.n_embd, c.n_inner, c.n_positions);
         let mut map: Vec<TensorMap> = vec![
@@ -921,11 +936,12 @@ impl HfModel {
         // GPT-2's head is the token embedding (llama.cpp's gpt2 layout has no other): a
         // checkpoint whose lm_head differs is another model.
         let wte = self.store.get(&format!("{prefix}wte.weight"));
-        if let (Some(head), Some(wte)) = (self.store.get("lm_head.weight"), wte) {
-            ensure!(
-                head.shape == wte.shape && head.dtype == wte.dtype && head.bytes == wte.bytes,
-                "lm_head.weight differs from wte.weight: an untied GPT-2 head cannot be converted"
-            );
+        if let (Some(head), Some(wte)) = (self.store.get("lm_head.weight"), wte)
+            && (head.shape != wte.shape || head.dtype != wte.dtype || head.bytes != wte.bytes)
+        {
+            return Err(ConvertError::Unsupported(
+                "lm_head.weight differs from wte.weight: an untied GPT-2 head cannot be converted".into(),
+            ));
         }
         // The tied head and attention-mask buffers carry no weights of their own.
         let ignorable =
@@ -964,17 +980,15 @@ fn gemma3_fits_gguf(c: &Gemma3Config) -> Result<(), String> {
 /// Coder's and V3's chains of `Split`s: `deepseek-llm`, `deepseek-coder`, `deepseek-v3`;
 /// MiniCPM 5's: `minicpm5`).
 /// Others have no name this project can vouch for, and are refused rather than mislabelled.
-fn pre_tokenizer_name(pre: &Value) -> anyhow::Result<&'static str> {
-    match crate::tokenizer::pre_tokenizer_of_json(pre) {
-        Some(p) => Ok(p.gguf_name()),
-        None => bail!(
-            "not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; Digits + ByteLevel: smollm; \
-             Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's and Tekken's Split + ByteLevel: llama-bpe, qwen2, qwen35, gpt-4o, tekken; \
-             DeepSeek LLM's, Coder's and V3's chains of Splits + ByteLevel: deepseek-llm, deepseek-coder, \
-             deepseek-v3; MiniCPM 5's: minicpm5)"
-        ),
-    }
+fn pre_tokenizer_name(pre: &Value) -> Option<&'static str> {
+    crate::tokenizer::pre_tokenizer_of_json(pre).map(|p| p.gguf_name())
 }
+
+/// What is said of a pre-tokenizer [`pre_tokenizer_name`] does not know.
+const UNKNOWN_PRE_TOKENIZER: &str = "not one whose llama.cpp name is known here (GPT-2's ByteLevel: gpt-2; \
+    Digits + ByteLevel: smollm; Llama 3's, Qwen 2's, Qwen 3.5's, GPT-4o's and Tekken's Split + ByteLevel: \
+    llama-bpe, qwen2, qwen35, gpt-4o, tekken; DeepSeek LLM's, Coder's and V3's chains of Splits + ByteLevel: \
+    deepseek-llm, deepseek-coder, deepseek-v3; MiniCPM 5's: minicpm5)";
 
 /// The converter's `does_token_look_special`: added tokens some models mark as not special
 /// that it writes as control tokens.
@@ -1000,8 +1014,10 @@ enum Reorder {
 }
 
 /// Within each of `n_head` heads of `hd` rows, row `i·hd/2 + j` moves to `2j + i`.
-fn rope_pairs(bytes: &[u8], rows: usize, row_bytes: usize, n_head: usize) -> anyhow::Result<Vec<u8>> {
-    ensure!(n_head > 0 && rows.is_multiple_of(2 * n_head), "{rows} rows do not split into {n_head} heads of pairs");
+fn rope_pairs(bytes: &[u8], rows: usize, row_bytes: usize, n_head: usize) -> Result<Vec<u8>, String> {
+    if n_head == 0 || !rows.is_multiple_of(2 * n_head) {
+        return Err(format!("{rows} rows do not split into {n_head} heads of pairs"));
+    }
     let hd = rows / n_head;
     let mut out = vec![0u8; bytes.len()];
     for h in 0..n_head {

@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 
-use anyhow::{Context, bail, ensure};
+use super::ConvertError;
 use rayon::prelude::*;
 
 use crate::loaders::gguf::{GgmlType, GgufFile, MetaValue};
@@ -181,7 +181,7 @@ fn fallback(ty: GgmlType, ncols: u64) -> GgmlType {
 }
 
 /// Each tensor's target type, in llama.cpp's table order.
-pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> anyhow::Result<Vec<TensorPlan>> {
+pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> Result<Vec<TensorPlan>, ConvertError> {
     let mut infos: Vec<&SourceTensor> = src.tensors.iter().collect();
     infos.sort_by(|a, b| (layer_of(&a.name), &a.name).cmp(&(layer_of(&b.name), &b.name)));
     let tied = !infos.iter().any(|t| t.name == "output.weight");
@@ -233,18 +233,17 @@ pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> anyhow::Result<Vec<
             }
         }
         if to != info.ty {
-            ensure!(
-                quant::SUPPORTED.contains(&info.ty),
-                "tensor {:?} is {}, which cannot be decoded for re-quantization",
-                info.name,
-                info.ty.name()
-            );
-            ensure!(
-                opts.allow_requantize || info.ty.block_size() == 1,
-                "tensor {:?} is already {}: re-quantizing it loses precision twice (pass --allow-requantize to do it anyway)",
-                info.name,
-                info.ty.name()
-            );
+            if !quant::SUPPORTED.contains(&info.ty) {
+                let message = format!("{}, which cannot be decoded for re-quantization", info.ty.name());
+                return Err(ConvertError::tensor(&info.name, message));
+            }
+            if !opts.allow_requantize && info.ty.block_size() != 1 {
+                return Err(ConvertError::Refused(format!(
+                    "tensor {:?} is already {}: re-quantizing it loses precision twice (pass --allow-requantize to do it anyway)",
+                    info.name,
+                    info.ty.name()
+                )));
+            }
         }
         plans.push(TensorPlan { name: info.name.clone(), dims, from: info.ty, to });
     }
@@ -253,7 +252,7 @@ pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> anyhow::Result<Vec<
 
 /// The output's metadata and table: the input's keys in order, with the quantization
 /// version and file type set last and split keys removed.
-pub fn plan_file(src: &Source, tensors: &[TensorPlan], ftype: FileType) -> anyhow::Result<GgufPlan> {
+pub fn plan_file(src: &Source, tensors: &[TensorPlan], ftype: FileType) -> Result<GgufPlan, ConvertError> {
     let mut plan = GgufPlan::default();
     for (k, v) in &src.metadata {
         plan.set(k, v.clone());
@@ -264,14 +263,14 @@ pub fn plan_file(src: &Source, tensors: &[TensorPlan], ftype: FileType) -> anyho
         plan.remove(k);
     }
     for t in tensors {
-        plan.add_tensor(&t.name, &t.dims, t.to).map_err(anyhow::Error::msg)?;
+        plan.add_tensor(&t.name, &t.dims, t.to)?;
     }
     Ok(plan)
 }
 
 /// One tensor's bytes as `to`: copied if the type is unchanged, else decoded to f32 and
 /// encoded row by row (rows in parallel; each row's bytes depend only on the row).
-pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> anyhow::Result<Cow<'b, [u8]>> {
+pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> Result<Cow<'b, [u8]>, ConvertError> {
     if t.from == t.to {
         return Ok(Cow::Borrowed(bytes));
     }
@@ -279,18 +278,21 @@ pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> anyhow::Result<Cow
     if n == 0 {
         return Ok(Cow::Owned(Vec::new()));
     }
-    let row_in = t.from.bytes_for(t.dims[0]).context("row size")? as usize;
-    let row_out = t.to.bytes_for(t.dims[0]).context("row size")? as usize;
-    ensure!(row_in > 0 && bytes.len().is_multiple_of(row_in), "tensor {:?}: bytes are not whole rows", t.name);
+    let not_rows = || ConvertError::tensor(&t.name, "bytes are not whole rows");
+    let row_in = t.from.bytes_for(t.dims[0]).ok_or_else(not_rows)? as usize;
+    let row_out = t.to.bytes_for(t.dims[0]).ok_or_else(not_rows)? as usize;
+    if row_in == 0 || !bytes.len().is_multiple_of(row_in) {
+        return Err(not_rows());
+    }
     let mut out = vec![0u8; bytes.len() / row_in * row_out];
     out.par_chunks_mut(row_out)
         .zip(bytes.par_chunks(row_in))
         .try_for_each(|(o, row)| {
-            let values = quant::dequantize(t.from, row).map_err(anyhow::Error::msg)?;
-            o.copy_from_slice(&encode::quantize(t.to, &values).map_err(anyhow::Error::msg)?);
-            Ok::<(), anyhow::Error>(())
+            let values = quant::dequantize(t.from, row)?;
+            o.copy_from_slice(&encode::quantize(t.to, &values)?);
+            Ok::<(), String>(())
         })
-        .with_context(|| format!("tensor {:?} to {}", t.name, t.to.name()))?;
+        .map_err(|e| ConvertError::tensor(&t.name, format!("to {}: {e}", t.to.name())))?;
     Ok(Cow::Owned(out))
 }
 
@@ -302,7 +304,7 @@ pub struct Source<'a> {
     pub tensors: Vec<SourceTensor<'a>>,
 }
 
-type LoadBytes<'a> = Box<dyn Fn() -> anyhow::Result<Cow<'a, [u8]>> + 'a>;
+type LoadBytes<'a> = Box<dyn Fn() -> Result<Cow<'a, [u8]>, ConvertError> + 'a>;
 
 pub struct SourceTensor<'a> {
     pub name: String,
@@ -340,11 +342,11 @@ pub fn quantize_file(
     output: &Path,
     opts: &QuantizeOptions,
     progress: impl FnMut(usize, usize, &TensorPlan),
-) -> anyhow::Result<Vec<TensorPlan>> {
+) -> Result<Vec<TensorPlan>, ConvertError> {
     if let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize())
         && a == b
     {
-        bail!("the output {} is the input file", output.display());
+        return Err(ConvertError::Refused(format!("the output {} is the input file", output.display())));
     }
     if input.is_dir() {
         let model = super::from_hf::HfModel::open(input)?;
@@ -361,14 +363,18 @@ pub fn quantize(
     output: &Path,
     opts: &QuantizeOptions,
     mut progress: impl FnMut(usize, usize, &TensorPlan),
-) -> anyhow::Result<Vec<TensorPlan>> {
+) -> Result<Vec<TensorPlan>, ConvertError> {
     let tensors = plan_tensors(src, opts)?;
     let plan = plan_file(src, &tensors, opts.ftype)?;
     let mut name = output.file_name().unwrap_or_default().to_owned();
     name.push(".part");
     let tmp = output.with_file_name(name);
-    let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = (|| {
+    let output_error = |action, path: &Path| {
+        let path = path.to_owned();
+        move |cause| ConvertError::Output { action, path, cause }
+    };
+    let file = File::create(&tmp).map_err(output_error("create", &tmp))?;
+    let result = (|| -> Result<(), ConvertError> {
         let mut w = GgufWriter::new(BufWriter::new(file), plan)?;
         for (i, t) in tensors.iter().enumerate() {
             progress(i, tensors.len(), t);
@@ -376,9 +382,9 @@ pub fn quantize(
             let bytes = (st.load)()?;
             w.write_tensor(&convert_tensor(t, &bytes)?)?;
         }
-        w.finish()?.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        std::fs::rename(&tmp, output)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), output.display()))
+        let file = w.finish()?.into_inner().map_err(|e| output_error("write", &tmp)(e.into_error()))?;
+        file.sync_all().map_err(output_error("write", &tmp))?;
+        std::fs::rename(&tmp, output).map_err(output_error("rename into place", &tmp))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

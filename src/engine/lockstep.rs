@@ -6,11 +6,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, ensure};
-
 use super::sampler::argmax;
 use super::scheduler::{Event, PickHook, Request, Scheduler, SchedulerConfig};
-use super::{Engine, GenerateParams, Metrics};
+use super::{Engine, EngineError, GenerateParams, Metrics};
 use crate::backend::Backend;
 use crate::compare::max_abs_diff;
 
@@ -48,9 +46,11 @@ pub fn lockstep<A: Backend, B: Backend>(
     b: &Engine<B>,
     prompt_ids: &[u32],
     params: &GenerateParams,
-    mut on_step: impl FnMut(&LockstepStep) -> anyhow::Result<()>,
-) -> anyhow::Result<Vec<LockstepStep>> {
-    ensure!(a.model.info() == b.model.info(), "the two engines must load the same model");
+    mut on_step: impl FnMut(&LockstepStep) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<Vec<LockstepStep>, EngineError> {
+    if a.model.info() != b.model.info() {
+        return Err(EngineError::ModelsDiffer);
+    }
     let n_ctx = a.check_prompt(prompt_ids.len(), params.max_context)?;
     let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
     if budget == 0 {
@@ -110,7 +110,7 @@ pub fn lockstep<A: Backend, B: Backend>(
             next,
         };
         drop((la, lb));
-        on_step(&s)?;
+        on_step(&s).map_err(EngineError::Callback)?;
         let stop = !s.agrees() || (a.is_eos(s.next) && !params.ignore_eos);
         steps.push(s);
         if stop {
@@ -121,15 +121,17 @@ pub fn lockstep<A: Backend, B: Backend>(
 }
 
 /// Step `scheduler` until its request picks a token; that token.
-fn next_token<B: Backend>(scheduler: &mut Scheduler<'_, B>, name: &str) -> anyhow::Result<u32> {
+fn next_token<B: Backend>(scheduler: &mut Scheduler<'_, B>, name: &str) -> Result<u32, EngineError> {
     let mut events = Vec::with_capacity(4);
     loop {
-        ensure!(scheduler.busy(), "{name}: the engine ended the request early");
+        if !scheduler.busy() {
+            return Err(EngineError::Run(format!("{name}: the engine ended the request early")));
+        }
         scheduler.step(&mut events);
         for (_, event) in events.drain(..) {
             match event {
                 Event::Token { id, .. } | Event::EndToken { id, .. } => return Ok(id),
-                Event::Failed(e) => bail!("{name}: {e}"),
+                Event::Failed(e) => return Err(EngineError::Run(format!("{name}: {e}"))),
                 _ => {}
             }
         }

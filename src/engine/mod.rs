@@ -106,22 +106,25 @@ pub enum StopReason {
     Eos,
     /// The context (the model's `n_positions`, or the `max_context` cap) is full.
     ContextFull,
-    /// The caller's `on_token` asked to stop ([`StopHere`]): a stop string appeared.
+    /// The caller's `on_token` asked to stop ([`Halt::Stop`]): a stop string appeared.
     Stop,
 }
 
-/// What an `on_token` callback returns (as its error) to end generation early without
-/// failing it: [`Engine::generate`] then returns with [`StopReason::Stop`].
+/// Why an `on_token` callback ends the run: [`Halt::Stop`] ends it early without failing
+/// it ([`Engine::generate`] then returns with [`StopReason::Stop`]); [`Halt::Fail`] fails
+/// it with the caller's own error, returned as [`EngineError::Callback`]. `?` on any
+/// error type makes a `Fail`.
 #[derive(Debug)]
-pub struct StopHere;
-
-impl std::fmt::Display for StopHere {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("generation stopped by the caller")
-    }
+pub enum Halt {
+    Stop,
+    Fail(Box<dyn std::error::Error + Send + Sync>),
 }
 
-impl std::error::Error for StopHere {}
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for Halt {
+    fn from(e: E) -> Self {
+        Halt::Fail(Box::new(e))
+    }
+}
 
 impl StopReason {
     pub fn as_str(self) -> &'static str {
@@ -184,6 +187,9 @@ pub enum EngineError {
     /// Perplexity's windows and the text they cut (`-c`, `--chunks`, the text's length).
     #[error("{0}")]
     Windows(String),
+    /// A lockstep of two engines that do not hold the same model.
+    #[error("the two engines must load the same model")]
+    ModelsDiffer,
     /// The caller's `on_token` (or perplexity's `on_window`) failed (its error, whole: its
     /// chain is kept).
     #[error(transparent)]
@@ -203,14 +209,6 @@ impl EngineError {
                 | EngineError::Speculation(_)
                 | EngineError::Windows(_)
         )
-    }
-}
-
-/// Logits with a NaN or an infinity are an error naming the step and position.
-pub fn ensure_finite(logits: &[f32], step: usize, position: usize) -> anyhow::Result<()> {
-    match logits.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(anyhow::anyhow!(scheduler::non_finite_message(step, position, Some((i, logits[i]))))),
-        None => Ok(()),
     }
 }
 
@@ -382,7 +380,7 @@ impl<B: Backend> Engine<B> {
         &self,
         prompt_ids: &[u32],
         params: &GenerateParams,
-        on_token: impl FnMut(u32) -> anyhow::Result<()>,
+        on_token: impl FnMut(u32) -> Result<(), Halt>,
     ) -> Result<Generation, EngineError> {
         self.generate_constrained(prompt_ids, params, None, on_token)
     }
@@ -394,7 +392,7 @@ impl<B: Backend> Engine<B> {
         prompt_ids: &[u32],
         params: &GenerateParams,
         constraint: Option<grammar::Constraint>,
-        on_token: impl FnMut(u32) -> anyhow::Result<()>,
+        on_token: impl FnMut(u32) -> Result<(), Halt>,
     ) -> Result<Generation, EngineError> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?;
         let budget = params.max_new_tokens.min(n_ctx - prompt_ids.len());
@@ -436,7 +434,7 @@ impl<B: Backend> Engine<B> {
         session: &mut Session<'_, B>,
         prompt_ids: &[u32],
         params: &GenerateParams,
-        on_token: impl FnMut(u32) -> anyhow::Result<()>,
+        on_token: impl FnMut(u32) -> Result<(), Halt>,
     ) -> Result<Generation, EngineError> {
         let n_ctx = self.check_prompt(prompt_ids.len(), params.max_context)?.min(session.capacity + 1);
         if prompt_ids.len() > n_ctx {
@@ -495,7 +493,7 @@ fn run_request<B: Backend>(
     budget: usize,
     params: &GenerateParams,
     constraint: Option<grammar::Constraint>,
-    mut on_token: impl FnMut(u32) -> anyhow::Result<()>,
+    mut on_token: impl FnMut(u32) -> Result<(), Halt>,
 ) -> Result<Generation, EngineError> {
     let mut generation = Generation {
         prompt_ids: prompt_ids.to_vec(),
@@ -558,14 +556,16 @@ fn run_request<B: Backend>(
             }
             generation.generated_ids.push(id);
             generation.logprobs.extend(logprobs);
-            if let Err(e) = on_token(id) {
+            if let Err(halt) = on_token(id) {
                 scheduler.abort(ONLY_REQUEST);
-                if e.is::<StopHere>() {
-                    generation.stop = StopReason::Stop;
-                    done(&mut generation, scheduler);
-                    return Ok(generation);
-                }
-                return Err(EngineError::Callback(e.into()));
+                return match halt {
+                    Halt::Stop => {
+                        generation.stop = StopReason::Stop;
+                        done(&mut generation, scheduler);
+                        Ok(generation)
+                    }
+                    Halt::Fail(e) => Err(EngineError::Callback(e)),
+                };
             }
         }
         if !scheduler.busy() {

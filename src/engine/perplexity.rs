@@ -57,7 +57,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         n_ctx: usize,
         max_windows: Option<usize>,
-        mut on_window: impl FnMut(&PerplexityState) -> anyhow::Result<()>,
+        mut on_window: impl FnMut(&PerplexityState) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
     ) -> Result<PerplexityState, EngineError> {
         let context = self.model.info().context_length;
         let refuse = |m: String| Err(EngineError::Windows(m));
@@ -113,7 +113,7 @@ impl<B: Backend> Engine<B> {
                 e => e,
             })?;
             state.windows += 1;
-            on_window(&state).map_err(|e| EngineError::Callback(e.into()))?;
+            on_window(&state).map_err(EngineError::Callback)?;
         }
         Ok(state)
     }

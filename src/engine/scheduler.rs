@@ -49,7 +49,7 @@ use super::prefix_cache::PrefixCache;
 pub use super::prefix_cache::{BLOCK_TOKENS, block_hashes, blocks_for};
 use super::speculate::{DraftSeq, Drafter};
 use super::{Sampler, SamplingParams, TokenLogprobs};
-use crate::backend::{Backend, HostMatrix, KvCache, NON_FINITE_ROW, SeqSlice};
+use crate::backend::{Backend, BackendResult, HostMatrix, KvCache, NON_FINITE_ROW, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
 
 /// One request to generate (or to score a prompt).
@@ -488,11 +488,11 @@ impl<'m, B: Backend> Scheduler<'m, B> {
             Ok(r) => r,
             Err(e) => {
                 // The caches of this batch may hold part of the step: fail its sequences.
-                tracing::error!("forward failed: {e:#}");
+                tracing::error!("forward failed: {e}");
                 for k in (0..self.members.len()).rev() {
                     let seq = self.running.remove(self.members[k]);
                     self.used_blocks -= seq.blocks;
-                    out.push((seq.request.id, Event::Failed(format!("the forward pass failed: {e:#}"))));
+                    out.push((seq.request.id, Event::Failed(format!("the forward pass failed: {e}"))));
                 }
                 self.publish();
                 return;
@@ -585,7 +585,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
         }
         let backend = self.backend;
         if let Err(e) = drafter.propose(backend, &asked, &mut self.drafts[..asked.len()]) {
-            tracing::warn!("drafting failed, this step decodes without drafts: {e:#}");
+            tracing::warn!("drafting failed, this step decodes without drafts: {e}");
             return;
         }
         let least = (*draft_min).max(1);
@@ -615,7 +615,7 @@ impl<'m, B: Backend> Scheduler<'m, B> {
     /// Run: the forward over the planned rows, then the ids on the device or the logits
     /// on the host. Returns whether the ids came from the device; `first[k]` is member
     /// k's first logits row.
-    fn run(&mut self) -> anyhow::Result<bool> {
+    fn run(&mut self) -> BackendResult<bool> {
         // A prompt being scored needs the logits of every row it feeds, every other
         // sequence those of its last row: `first[k]` is sequence k's first logits row
         // (per-row results do not depend on which rows are kept).

@@ -19,12 +19,10 @@
 //! - [`ModelDrafter`]: a small model with the same tokenizer, decoding greedily ahead
 //!   on its own KV caches (llama.cpp's `--model-draft`).
 
-use anyhow::Context;
-
 use super::EngineError;
 use super::sampler::argmax;
 use super::scheduler::INITIAL_SLACK;
-use crate::backend::{Backend, HostMatrix, KvCache, SeqSlice};
+use crate::backend::{Backend, BackendResult, HostMatrix, KvCache, SeqSlice};
 use crate::model::{Batch, CausalLm, LogitRows};
 
 /// One sequence that may be drafted for this step.
@@ -48,7 +46,7 @@ pub trait Drafter<B: Backend>: Send {
     /// Every running sequence is listed; what a drafter keeps for sequences that ended
     /// is dropped in [`Drafter::keep_only`]. An error drops this step's drafts (the step
     /// decodes one token per sequence as without speculation).
-    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()>;
+    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()>;
 
     /// Drop what is kept for every sequence but `running` (the scheduler calls it after
     /// each step, also when it did not draft): a draft model's caches then never outlive
@@ -172,7 +170,7 @@ pub fn ngram_lookup(tokens: &[u32], max_n: usize, max: usize, out: &mut Vec<u32>
 }
 
 impl<B: Backend> Drafter<B> for NgramDrafter {
-    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+    fn propose(&mut self, _: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()> {
         for (s, d) in seqs.iter().zip(drafts.iter_mut()) {
             ngram_lookup(s.tokens, self.max_n, s.max, d);
         }
@@ -232,7 +230,7 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
     }
 
     /// The argmax of each row of `out` into `self.ids`.
-    fn pick(&mut self, backend: &B, out: &B::Act) -> anyhow::Result<()> {
+    fn pick(&mut self, backend: &B, out: &B::Act) -> BackendResult<()> {
         if backend.argmax_rows(out, &mut self.ids)? {
             return Ok(());
         }
@@ -244,7 +242,7 @@ impl<'m, B: Backend> ModelDrafter<'m, B> {
 
     /// One forward of `rows[k]` tokens after each listed cache's own, then (`pick`) the
     /// argmax of each one's last row into `self.ids`.
-    fn run(&mut self, backend: &B, which: &[usize], rows: &[&[u32]], pick: bool) -> anyhow::Result<()> {
+    fn run(&mut self, backend: &B, which: &[usize], rows: &[&[u32]], pick: bool) -> BackendResult<()> {
         let mut tokens = Vec::with_capacity(rows.iter().map(|r| r.len()).sum());
         let mut seqs = Vec::with_capacity(which.len());
         for (&c, r) in which.iter().zip(rows) {
@@ -282,7 +280,7 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
         self.caches.retain(|c| running.contains(&c.id));
     }
 
-    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> anyhow::Result<()> {
+    fn propose(&mut self, backend: &B, seqs: &[DraftSeq<'_>], drafts: &mut [Vec<u32>]) -> BackendResult<()> {
         let (context, vocab) = (self.model.info().context_length, self.model.info().vocab_size);
         // (cache index, sequence index, tokens to feed) of every sequence drafted.
         let mut plan: Vec<(usize, usize, usize)> = Vec::with_capacity(seqs.len());
@@ -300,7 +298,8 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
                 Some(ci) => ci,
                 None => {
                     let capacity = need.saturating_add(INITIAL_SLACK).min(most);
-                    let cache = self.model.new_cache(backend, capacity).context("the draft model's KV cache")?;
+                    let cache =
+                        self.model.new_cache(backend, capacity).map_err(|e| e.context("the draft model's KV cache"))?;
                     self.caches.push(DraftCache { id: s.id, cache, capacity, tokens: Vec::new() });
                     self.caches.len() - 1
                 }
@@ -317,7 +316,8 @@ impl<B: Backend> Drafter<B> for ModelDrafter<'_, B> {
             }
             if need > c.capacity {
                 let capacity = need.max(c.capacity.saturating_mul(2)).min(most);
-                let mut grown = self.model.new_cache(backend, capacity).context("the draft model's KV cache")?;
+                let mut grown =
+                    self.model.new_cache(backend, capacity).map_err(|e| e.context("the draft model's KV cache"))?;
                 self.model.copy_cache_prefix(backend, &c.cache, &mut grown, keep)?;
                 c.cache = grown;
                 c.capacity = capacity;

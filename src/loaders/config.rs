@@ -1,7 +1,5 @@
 //! GPT-2 `config.json`: every size (distilgpt2, 124M, medium, large, XL) comes from here.
 
-use std::path::Path;
-
 use serde::Deserialize;
 
 /// Larger configs are refused: a trillion parameters is past any GPT-2 this engine can hold.
@@ -48,11 +46,6 @@ fn default_eps() -> f32 {
 }
 
 impl Gpt2Config {
-    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-        Self::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-    }
-
     pub fn from_json(text: &str) -> Result<Self, String> {
         let raw: RawConfig = serde_json::from_str(text).map_err(|e| format!("invalid GPT-2 config: {e}"))?;
         if let Some(t) = &raw.model_type

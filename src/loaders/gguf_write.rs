@@ -11,6 +11,22 @@ use std::io::{Read, Write};
 
 use super::gguf::{DEFAULT_ALIGNMENT, GgmlType, MAX_DIMS, MetaValue};
 
+/// Why a GGUF file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufWriteError {
+    /// The plan cannot be written: a tensor added twice or not whole blocks, a metadata
+    /// value the format cannot hold, sizes that overflow.
+    #[error("{0}")]
+    Plan(String),
+    /// Tensors written against the plan: one too many, too few, or of the wrong size.
+    #[error("{0}")]
+    Order(String),
+    #[error("writing the GGUF file: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+type Result<T> = std::result::Result<T, GgufWriteError>;
+
 /// The largest `general.alignment` written (ggml uses 32; a larger one only pads).
 pub const MAX_ALIGNMENT: u32 = 1 << 20;
 
@@ -58,34 +74,37 @@ impl GgufPlan {
     }
 
     /// Add a tensor to the table (written in the order added).
-    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> Result<(), String> {
+    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> Result<()> {
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(format!("tensor {name:?} added twice"));
+            return Err(GgufWriteError::Plan(format!("tensor {name:?} added twice")));
         }
         if dims.is_empty() || dims.len() > MAX_DIMS {
-            return Err(format!("tensor {name:?} has {} dims (1 to {MAX_DIMS})", dims.len()));
+            return Err(GgufWriteError::Plan(format!("tensor {name:?} has {} dims (1 to {MAX_DIMS})", dims.len())));
         }
         let t = PlannedTensor { name: name.to_owned(), dims: dims.to_vec(), ty };
         if t.n_bytes().is_none() {
-            return Err(format!("tensor {name:?} of shape {dims:?} is not whole {} blocks", ty.name()));
+            let message = format!("tensor {name:?} of shape {dims:?} is not whole {} blocks", ty.name());
+            return Err(GgufWriteError::Plan(message));
         }
         self.tensors.push(t);
         Ok(())
     }
 
     /// The alignment the file will use: `general.alignment` if set (a power-of-two u32).
-    pub fn alignment(&self) -> Result<u64, String> {
+    pub fn alignment(&self) -> Result<u64> {
         match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
             None => Ok(DEFAULT_ALIGNMENT),
             Some((_, MetaValue::U32(a))) if a.is_power_of_two() && *a <= MAX_ALIGNMENT => Ok(u64::from(*a)),
             Some((_, v)) => {
-                Err(format!("general.alignment must be a power-of-two u32 of at most {MAX_ALIGNMENT}, got {v:?}"))
+                let message =
+                    format!("general.alignment must be a power-of-two u32 of at most {MAX_ALIGNMENT}, got {v:?}");
+                Err(GgufWriteError::Plan(message))
             }
         }
     }
 
     /// The header bytes, padded to the alignment.
-    pub fn header(&self) -> Result<Vec<u8>, String> {
+    pub fn header(&self) -> Result<Vec<u8>> {
         let align = self.alignment()?;
         let mut b = b"GGUF".to_vec();
         b.extend(3u32.to_le_bytes());
@@ -105,7 +124,9 @@ impl GgufPlan {
             b.extend(t.ty.id().to_le_bytes());
             b.extend(offset.to_le_bytes());
             let padded = t.n_bytes().and_then(|n| n.checked_next_multiple_of(align));
-            offset = padded.and_then(|n| offset.checked_add(n)).ok_or("tensor data overflows u64")?;
+            offset = padded
+                .and_then(|n| offset.checked_add(n))
+                .ok_or_else(|| GgufWriteError::Plan("tensor data overflows u64".into()))?;
         }
         b.resize(b.len().next_multiple_of(align as usize), 0);
         Ok(b)
@@ -113,11 +134,11 @@ impl GgufPlan {
 }
 
 /// An array's elements must all be of its declared element type.
-fn check_array(key: &str, v: &MetaValue) -> Result<(), String> {
+fn check_array(key: &str, v: &MetaValue) -> Result<()> {
     if let MetaValue::Array(elem, items) = v {
         for item in items {
             if type_id(item) != *elem {
-                return Err(format!("{key}: array of type {elem} holds a {}", item.type_name()));
+                return Err(GgufWriteError::Plan(format!("{key}: array of type {elem} holds a {}", item.type_name())));
             }
             check_array(key, item)?;
         }
@@ -180,10 +201,10 @@ pub struct GgufWriter<W: Write> {
 }
 
 impl<W: Write> GgufWriter<W> {
-    pub fn new(mut out: W, plan: GgufPlan) -> anyhow::Result<Self> {
-        let header = plan.header().map_err(anyhow::Error::msg)?;
+    pub fn new(mut out: W, plan: GgufPlan) -> Result<Self> {
+        let header = plan.header()?;
         out.write_all(&header)?;
-        let align = plan.alignment().map_err(anyhow::Error::msg)?;
+        let align = plan.alignment()?;
         Ok(GgufWriter { out, plan, align, next: 0 })
     }
 
@@ -193,10 +214,14 @@ impl<W: Write> GgufWriter<W> {
     }
 
     /// Write the next tensor's bytes (exactly its planned size) and its padding.
-    pub fn write_tensor(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        let t = self.next_tensor().ok_or_else(|| anyhow::anyhow!("every planned tensor is already written"))?;
+    pub fn write_tensor(&mut self, bytes: &[u8]) -> Result<()> {
+        let t = self
+            .next_tensor()
+            .ok_or_else(|| GgufWriteError::Order("every planned tensor is already written".into()))?;
         let want = t.n_bytes().expect("checked when added");
-        anyhow::ensure!(bytes.len() as u64 == want, "tensor {:?}: {} bytes, planned {want}", t.name, bytes.len());
+        if bytes.len() as u64 != want {
+            return Err(GgufWriteError::Order(format!("tensor {:?}: {} bytes, planned {want}", t.name, bytes.len())));
+        }
         self.out.write_all(bytes)?;
         let pad = want.next_multiple_of(self.align) - want;
         std::io::copy(&mut std::io::repeat(0).take(pad), &mut self.out)?;
@@ -205,9 +230,9 @@ impl<W: Write> GgufWriter<W> {
     }
 
     /// Check that every tensor was written and flush.
-    pub fn finish(mut self) -> anyhow::Result<W> {
+    pub fn finish(mut self) -> Result<W> {
         if let Some(t) = self.next_tensor() {
-            anyhow::bail!("tensor {:?} was planned but not written", t.name);
+            return Err(GgufWriteError::Order(format!("tensor {:?} was planned but not written", t.name)));
         }
         self.out.flush()?;
         Ok(self.out)
@@ -233,7 +258,7 @@ mod tests {
         assert!(plan.add_tensor("odd", &[31], GgmlType::Q4_0).is_err());
         let mut bad = GgufPlan::default();
         bad.set("a", MetaValue::Array(4, vec![MetaValue::String("x".into())]));
-        assert!(bad.header().unwrap_err().contains("holds a string"));
+        assert!(bad.header().unwrap_err().to_string().contains("holds a string"));
         bad.set("a", MetaValue::U32(1));
         bad.set("general.alignment", MetaValue::U32(1 << 31));
         assert!(bad.header().is_err());

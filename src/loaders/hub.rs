@@ -22,7 +22,34 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+/// Why a file could not be had from the Hub. (Causes are in the message, not `source()`:
+/// printing the chain would repeat them.)
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// HTTP 401 or 403.
+    #[error("{url}: HTTP {code}: access denied (gated or private repo? set HF_TOKEN to a token with access)")]
+    Denied { url: String, code: u16 },
+    #[error("{url}: HTTP {code}")]
+    Status { url: String, code: u16 },
+    #[error("cannot reach the Hub at {endpoint}: {message}")]
+    Unreachable { endpoint: String, message: String },
+    /// The server answered, but not as a Hub does (headers, names, redirects).
+    #[error("{url}: {message}")]
+    Protocol { url: String, message: String },
+    /// The transfer failed, was cut short, or its bytes are not the Hub's.
+    #[error("downloading {url}: {message}")]
+    Download { url: String, message: String },
+    /// The cache could not be written.
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Cache { action: &'static str, path: PathBuf, cause: std::io::Error },
+}
+
+type Result<T> = std::result::Result<T, HubError>;
+
+fn cache_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> HubError {
+    let path = path.to_owned();
+    move |cause| HubError::Cache { action, path, cause }
+}
 use sha2::{Digest, Sha256};
 
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -102,7 +129,7 @@ impl HubClient {
     }
 
     /// `Ok(None)` when the Hub says the file does not exist (404).
-    pub fn get_file(&self, repo_id: &str, revision: &str, filename: &str) -> anyhow::Result<Option<PathBuf>> {
+    pub fn get_file(&self, repo_id: &str, revision: &str, filename: &str) -> Result<Option<PathBuf>> {
         if self.offline {
             return Ok(self.cached_file(repo_id, revision, filename));
         }
@@ -125,7 +152,7 @@ impl HubClient {
         }
         link_snapshot(&blob, &snapshot)?;
         let refs = repo.join("refs");
-        fs::create_dir_all(&refs)?;
+        fs::create_dir_all(&refs).map_err(cache_error("create", &refs))?;
         write_atomic(&refs.join(revision), meta.commit.as_bytes())?;
         Ok(Some(snapshot))
     }
@@ -151,19 +178,19 @@ impl HubClient {
         }
     }
 
-    fn head(&self, repo_id: &str, revision: &str, filename: &str) -> anyhow::Result<Option<FileMeta>> {
+    fn head(&self, repo_id: &str, revision: &str, filename: &str) -> Result<Option<FileMeta>> {
         let agent = self.agent(false);
         let mut url = self.url(repo_id, revision, filename);
         for _ in 0..5 {
             let resp = match self.request(&agent, "HEAD", &url).call() {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => return Ok(None),
-                Err(ureq::Error::Status(code @ (401 | 403), _)) => bail!(
-                    "{url}: HTTP {code}: access denied (gated or private repo? set HF_TOKEN to a token with access)"
-                ),
+                Err(ureq::Error::Status(code @ (401 | 403), _)) => return Err(HubError::Denied { url, code }),
                 Err(ureq::Error::Status(code, r)) if (300..400).contains(&code) => r,
-                Err(ureq::Error::Status(code, _)) => bail!("{url}: HTTP {code}"),
-                Err(e) => bail!("cannot reach the Hub at {}: {e}", self.endpoint),
+                Err(ureq::Error::Status(code, _)) => return Err(HubError::Status { url, code }),
+                Err(e) => {
+                    return Err(HubError::Unreachable { endpoint: self.endpoint.clone(), message: e.to_string() });
+                }
             };
             let header = |k: &str| resp.header(k).map(|v| v.trim().to_owned());
             let etag = header("X-Linked-Etag").or_else(|| header("ETag"));
@@ -171,8 +198,8 @@ impl HubClient {
             if let (Some(etag), Some(commit)) = (etag, commit) {
                 let etag = etag.trim_start_matches("W/").trim_matches('"').to_owned();
                 let size = header("X-Linked-Size").or_else(|| header("Content-Length")).and_then(|s| s.parse().ok());
-                validate_name(&etag, "ETag")?;
-                validate_name(&commit, "X-Repo-Commit")?;
+                validate_name(&etag, "ETag", &url)?;
+                validate_name(&commit, "X-Repo-Commit", &url)?;
                 return Ok(Some(FileMeta { commit, etag, size }));
             }
             // A redirect without metadata (a renamed repo): follow relative redirects only.
@@ -180,27 +207,24 @@ impl HubClient {
                 Some(loc) if (300..400).contains(&resp.status()) && loc.starts_with('/') => {
                     url = format!("{}{loc}", self.endpoint);
                 }
-                _ => bail!("{url}: the server did not send X-Repo-Commit and ETag headers (is HF_ENDPOINT a Hub?)"),
+                _ => {
+                    let message = "the server did not send X-Repo-Commit and ETag headers (is HF_ENDPOINT a Hub?)";
+                    return Err(HubError::Protocol { url, message: message.into() });
+                }
             }
         }
-        bail!("{url}: too many redirects")
+        Err(HubError::Protocol { url, message: "too many redirects".into() })
     }
 
-    fn download(
-        &self,
-        repo_id: &str,
-        revision: &str,
-        filename: &str,
-        meta: &FileMeta,
-        blob: &Path,
-    ) -> anyhow::Result<()> {
+    fn download(&self, repo_id: &str, revision: &str, filename: &str, meta: &FileMeta, blob: &Path) -> Result<()> {
         let url = self.url(repo_id, revision, filename);
-        let resp =
-            self.request(&self.agent(true), "GET", &url).call().map_err(|e| anyhow!("downloading {url}: {e}"))?;
+        let failed = |message: String| HubError::Download { url: url.clone(), message };
+        let resp = self.request(&self.agent(true), "GET", &url).call().map_err(|e| failed(e.to_string()))?;
         let total = meta.size.or_else(|| resp.header("Content-Length").and_then(|s| s.parse().ok()));
-        fs::create_dir_all(blob.parent().expect("blobs dir"))?;
+        let blobs = blob.parent().expect("blobs dir");
+        fs::create_dir_all(blobs).map_err(cache_error("create", blobs))?;
         let partial = blob.with_extension("incomplete");
-        let mut out = fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+        let mut out = fs::File::create(&partial).map_err(cache_error("create", &partial))?;
         let bar = if self.progress {
             let bar = indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
             bar.set_style(
@@ -217,28 +241,28 @@ impl HubClient {
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];
         let mut written = 0u64;
-        let result: anyhow::Result<()> = (|| {
+        let result: Result<()> = (|| {
             loop {
-                let n = reader.read(&mut buf).with_context(|| format!("downloading {url}"))?;
+                let n = reader.read(&mut buf).map_err(|e| failed(e.to_string()))?;
                 if n == 0 {
                     break;
                 }
-                out.write_all(&buf[..n]).with_context(|| format!("writing {}", partial.display()))?;
+                out.write_all(&buf[..n]).map_err(cache_error("write", &partial))?;
                 hasher.update(&buf[..n]);
                 written += n as u64;
                 bar.set_position(written);
             }
-            out.sync_all()?;
+            out.sync_all().map_err(cache_error("write", &partial))?;
             if let Some(t) = total
                 && t != written
             {
-                bail!("downloading {url}: got {written} bytes, expected {t} (connection cut?)");
+                return Err(failed(format!("got {written} bytes, expected {t} (connection cut?)")));
             }
             // LFS ETags are the sha256 of the content: verify it.
             if meta.etag.len() == 64 && meta.etag.bytes().all(|b| b.is_ascii_hexdigit()) {
                 let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
                 if !got.eq_ignore_ascii_case(&meta.etag) {
-                    bail!("downloading {url}: sha256 {got} does not match the Hub's {}", meta.etag);
+                    return Err(failed(format!("sha256 {got} does not match the Hub's {}", meta.etag)));
                 }
             }
             Ok(())
@@ -248,30 +272,33 @@ impl HubClient {
             let _ = fs::remove_file(&partial);
             return Err(e);
         }
-        fs::rename(&partial, blob).with_context(|| format!("cannot move {} into place", partial.display()))?;
+        fs::rename(&partial, blob).map_err(cache_error("move into place", &partial))?;
         Ok(())
     }
 }
 
 /// ETags and commit hashes become file names: allow only safe characters.
-fn validate_name(s: &str, what: &str) -> anyhow::Result<()> {
+fn validate_name(s: &str, what: &str, url: &str) -> Result<()> {
     if s.is_empty() || s.len() > 128 || !s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')) {
-        bail!("the Hub sent an unusable {what}: {s:?}");
+        return Err(HubError::Protocol {
+            url: url.to_owned(),
+            message: format!("the Hub sent an unusable {what}: {s:?}"),
+        });
     }
     Ok(())
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::write(&tmp, bytes).map_err(cache_error("write", &tmp))?;
+    fs::rename(&tmp, path).map_err(cache_error("write", path))?;
     Ok(())
 }
 
 /// Point `snapshot` at `blob` with a relative symlink (a copy where symlinks are unavailable).
-fn link_snapshot(blob: &Path, snapshot: &Path) -> anyhow::Result<()> {
+fn link_snapshot(blob: &Path, snapshot: &Path) -> Result<()> {
     let dir = snapshot.parent().expect("snapshot has a parent");
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    fs::create_dir_all(dir).map_err(cache_error("create", dir))?;
     if snapshot.is_file() {
         return Ok(());
     }
@@ -292,7 +319,7 @@ fn link_snapshot(blob: &Path, snapshot: &Path) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    fs::copy(blob, snapshot).with_context(|| format!("cannot copy into {}", snapshot.display()))?;
+    fs::copy(blob, snapshot).map_err(cache_error("copy into", snapshot))?;
     Ok(())
 }
 

@@ -4,9 +4,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-
+use super::checkpoint::WeightError;
 use super::safetensors::{SafetensorsFile, TensorView};
+
+fn file_error(path: &Path, message: impl Into<String>) -> WeightError {
+    WeightError::File { path: path.to_owned(), message: message.into() }
+}
 
 pub struct WeightStore {
     files: Vec<SafetensorsFile>,
@@ -16,7 +19,7 @@ pub struct WeightStore {
 
 impl WeightStore {
     /// Open `model.safetensors`, or the shards named by `model.safetensors.index.json`, in `dir`.
-    pub fn open_dir(dir: &Path) -> anyhow::Result<Self> {
+    pub fn open_dir(dir: &Path) -> Result<Self, WeightError> {
         let single = dir.join("model.safetensors");
         if single.is_file() {
             return Self::from_files(&[single]);
@@ -25,25 +28,25 @@ impl WeightStore {
         if index.is_file() {
             return Self::open_index(&index);
         }
-        bail!("{}: no model.safetensors or model.safetensors.index.json", dir.display())
+        Err(file_error(dir, "no model.safetensors or model.safetensors.index.json"))
     }
 
-    pub fn from_files(paths: &[PathBuf]) -> anyhow::Result<Self> {
+    pub fn from_files(paths: &[PathBuf]) -> Result<Self, WeightError> {
         let files = paths.iter().map(|p| SafetensorsFile::open(p)).collect::<Result<Vec<_>, _>>()?;
         Self::from_opened(files)
     }
 
     /// Tensors held in memory (random-weight models for benchmarks).
-    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> anyhow::Result<Self> {
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self, WeightError> {
         Self::from_opened(vec![SafetensorsFile::from_bytes(name, bytes)?])
     }
 
-    fn from_opened(files: Vec<SafetensorsFile>) -> anyhow::Result<Self> {
+    fn from_opened(files: Vec<SafetensorsFile>) -> Result<Self, WeightError> {
         let mut index = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             for name in f.names() {
                 if index.insert(name.to_owned(), i).is_some() {
-                    bail!("{}: tensor {name:?} appears in more than one shard", f.path().display());
+                    return Err(file_error(f.path(), format!("tensor {name:?} appears in more than one shard")));
                 }
             }
         }
@@ -51,11 +54,11 @@ impl WeightStore {
     }
 
     /// Shards listed in the `weight_map` of a `model.safetensors.index.json`.
-    pub fn open_index(index_path: &Path) -> anyhow::Result<Self> {
+    pub fn open_index(index_path: &Path) -> Result<Self, WeightError> {
         let shard_names = shard_files(index_path)?;
         let dir = index_path.parent().unwrap_or(Path::new("."));
         let paths: Vec<PathBuf> = shard_names.iter().map(|s| dir.join(s)).collect();
-        Self::from_files(&paths).with_context(|| format!("loading shards of {}", index_path.display()))
+        Self::from_files(&paths)
     }
 
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
@@ -70,25 +73,23 @@ impl WeightStore {
 
 /// The distinct shard file names of an index, in first-seen order. Names must be plain
 /// file names in the same folder (no paths).
-pub fn shard_files(index_path: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(index_path).with_context(|| format!("cannot read {}", index_path.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: invalid JSON", index_path.display()))?;
-    let map = v["weight_map"].as_object().with_context(|| format!("{}: no weight_map object", index_path.display()))?;
+pub fn shard_files(index_path: &Path) -> Result<Vec<String>, WeightError> {
+    let error = |message: String| file_error(index_path, message);
+    let text = std::fs::read_to_string(index_path).map_err(|e| error(format!("cannot read: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| error(format!("invalid JSON: {e}")))?;
+    let map = v["weight_map"].as_object().ok_or_else(|| error("no weight_map object".into()))?;
     let mut shards: Vec<String> = Vec::new();
     for (tensor, file) in map {
-        let file = file
-            .as_str()
-            .with_context(|| format!("{}: weight_map[{tensor:?}] is not a string", index_path.display()))?;
+        let file = file.as_str().ok_or_else(|| error(format!("weight_map[{tensor:?}] is not a string")))?;
         if file.contains('/') || file.contains('\\') || file == ".." || file.is_empty() {
-            bail!("{}: shard name {file:?} is not a plain file name", index_path.display());
+            return Err(error(format!("shard name {file:?} is not a plain file name")));
         }
         if !shards.iter().any(|s| s == file) {
             shards.push(file.to_owned());
         }
     }
     if shards.is_empty() {
-        bail!("{}: weight_map is empty", index_path.display());
+        return Err(error("weight_map is empty".into()));
     }
     Ok(shards)
 }

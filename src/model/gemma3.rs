@@ -21,11 +21,10 @@
 //! Gemma's RMSNorm multiplies by `1 + w`; llama.cpp's converter stores `1 + w` in the
 //! GGUF, and an HF checkpoint's `w` gets its `1 +` at load, so both run [`Backend::rms_norm`].
 
-use anyhow::bail;
 use serde::Deserialize;
 
 use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, Rope, RopeScaling, RopeStyle};
-use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
+use crate::loaders::checkpoint::{Tensor, WeightError, Weights, concat_rows, load_matrix};
 use crate::loaders::gguf::{GgufFile, MetaValue};
 use crate::loaders::llama_config::{rope_scaling_of_gguf, rope_scaling_of_hf};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
@@ -415,8 +414,8 @@ pub(crate) const PARTS: [(&str, &str); 13] = [
 ];
 
 impl<B: Backend> Gemma3<B> {
-    pub fn load(backend: &B, config: Gemma3Config, weights: &Weights) -> anyhow::Result<Self> {
-        config.validate().map_err(|e| anyhow::anyhow!("invalid Gemma 3 config: {e}"))?;
+    pub fn load(backend: &B, config: Gemma3Config, weights: &Weights) -> Result<Self, WeightError> {
+        config.validate().map_err(|message| WeightError::Config { architecture: "Gemma 3", message })?;
         let gguf = matches!(weights, Weights::Gguf(_));
         let name = |i: usize, gguf_part: &str| -> String {
             let (_, hf) = PARTS.iter().find(|p| p.0 == gguf_part).expect("a known part");
@@ -425,10 +424,10 @@ impl<B: Backend> Gemma3<B> {
         let (c, f, v, d) = (config.hidden_size, config.intermediate_size, config.vocab_size, config.head_dim);
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);
         // Gemma's norms multiply by 1 + w: the GGUF holds 1 + w already, HF's files w.
-        let norm = |name: &str, n: usize| -> anyhow::Result<B::Vector> {
+        let norm = |name: &str, n: usize| -> Result<B::Vector, WeightError> {
             let t = get(name, &[n])?;
             let t = t.to_float()?;
-            let mut g = t.view()?.to_f32().map_err(anyhow::Error::msg)?;
+            let mut g = t.to_f32()?;
             if !gguf {
                 g.iter_mut().for_each(|w| *w += 1.0);
             }
@@ -478,14 +477,14 @@ impl<B: Backend> Gemma3<B> {
                     spec,
                 })
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, WeightError>>()?;
         let (embed_name, norm_name) = if gguf {
             ("token_embd.weight", "output_norm.weight")
         } else {
             ("model.embed_tokens.weight", "model.norm.weight")
         };
         if gguf && weights.get("output.weight")?.is_some() {
-            bail!("output.weight: Gemma 3 with an untied head is not supported");
+            return Err(WeightError::Unsupported("output.weight: Gemma 3 with an untied head is not supported".into()));
         }
         let info = ModelInfo {
             architecture: "gemma3",
@@ -517,7 +516,7 @@ impl<B: Backend> crate::model::Architecture<B> for Gemma3<B> {
         Gemma3Config::from_gguf(file)
     }
 
-    fn load(backend: &B, config: Gemma3Config, weights: &Weights) -> anyhow::Result<Self> {
+    fn load(backend: &B, config: Gemma3Config, weights: &Weights) -> Result<Self, WeightError> {
         Gemma3::load(backend, config, weights)
     }
 }

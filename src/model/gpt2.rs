@@ -15,11 +15,9 @@
 //! `save_pretrained` writes `transformer.h.0...`; `h.N.attn.bias` is the causal-mask
 //! buffer, not a parameter, and is ignored.
 
-use anyhow::ensure;
-
 use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, MatrixLayout};
 use crate::loaders::Gpt2Config;
-use crate::loaders::checkpoint::{Tensor, TensorData, Weights, load_matrix};
+use crate::loaders::checkpoint::{Tensor, TensorData, WeightError, Weights, load_matrix};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 
 struct Block<B: Backend> {
@@ -83,24 +81,24 @@ impl<'a> Names<'a> {
         }
     }
 
-    fn get(&self, hf: &str, shape: &[usize]) -> anyhow::Result<Tensor<'a>> {
+    fn get(&self, hf: &str, shape: &[usize]) -> Result<Tensor<'a>, WeightError> {
         self.weights.require(&self.name(hf), shape)
     }
 }
 
 impl<B: Backend> Gpt2<B> {
     /// From HF's safetensors (either naming scheme) or a GGUF written by llama.cpp's converter.
-    pub fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> anyhow::Result<Self> {
-        config.validate().map_err(|e| anyhow::anyhow!("invalid GPT-2 config: {e}"))?;
+    pub fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> Result<Self, WeightError> {
+        config.validate().map_err(|message| WeightError::Config { architecture: "GPT-2", message })?;
         let gguf = matches!(weights, Weights::Gguf(_));
         let prefix = if !gguf && weights.get("transformer.wte.weight")?.is_some() { "transformer." } else { "" };
         let n = Names { weights, prefix, gguf };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
-        let vector = |name: &str, len: usize| -> anyhow::Result<B::Vector> {
+        let vector = |name: &str, len: usize| -> Result<B::Vector, WeightError> {
             Ok(backend.load_vector(&n.get(name, &[len])?.to_float()?.view()?)?)
         };
         // A linear layer's weight: `[in, out]` Conv1D from HF, `[out, in]` rows from GGUF.
-        let weight = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<B::Matrix> {
+        let weight = |name: &str, n_in: usize, n_out: usize| -> Result<B::Matrix, WeightError> {
             if gguf {
                 load_matrix(backend, &n.get(name, &[n_out, n_in])?)
             } else {
@@ -108,10 +106,10 @@ impl<B: Backend> Gpt2<B> {
             }
         };
         let table = |name: &str, rows: usize| load_matrix(backend, &n.get(name, &[rows, c])?);
-        let linear = |name: &str, n_in: usize, n_out: usize| -> anyhow::Result<(B::Matrix, B::Vector)> {
+        let linear = |name: &str, n_in: usize, n_out: usize| -> Result<(B::Matrix, B::Vector), WeightError> {
             Ok((weight(&format!("{name}.weight"), n_in, n_out)?, vector(&format!("{name}.bias"), n_out)?))
         };
-        let norm = |name: &str| -> anyhow::Result<(B::Vector, B::Vector)> {
+        let norm = |name: &str| -> Result<(B::Vector, B::Vector), WeightError> {
             Ok((vector(&format!("{name}.weight"), c)?, vector(&format!("{name}.bias"), c)?))
         };
         // GPT-2 ties the head to wte. HF files may repeat it as lm_head (it must be a
@@ -127,7 +125,11 @@ impl<B: Backend> Gpt2<B> {
                     (TensorData::Float { bytes: a, .. }, TensorData::Float { bytes: b, .. }) => a == b,
                     _ => false,
                 };
-                ensure!(same, "{} differs from the token embedding: untied GPT-2 heads are not supported", t.name);
+                if !same {
+                    let message =
+                        format!("{} differs from the token embedding: untied GPT-2 heads are not supported", t.name);
+                    return Err(WeightError::Unsupported(message));
+                }
             }
         }
         let blocks = (0..config.n_layer)
@@ -142,7 +144,7 @@ impl<B: Backend> Gpt2<B> {
                     mlp_proj: linear(&format!("{p}.mlp.c_proj"), f, c)?,
                 })
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, WeightError>>()?;
         let info = ModelInfo {
             architecture: "gpt2",
             vocab_size: config.vocab_size,
@@ -181,7 +183,7 @@ impl<B: Backend> crate::model::Architecture<B> for Gpt2<B> {
         Gpt2Config::from_gguf(file)
     }
 
-    fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> anyhow::Result<Self> {
+    fn load(backend: &B, config: Gpt2Config, weights: &Weights) -> Result<Self, WeightError> {
         Gpt2::load(backend, config, weights)
     }
 }

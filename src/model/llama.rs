@@ -18,11 +18,9 @@
 //! permutes the q/k rows so RoPE rotates neighbouring pairs), see [`RopeStyle`]. Qwen's
 //! GGUF files keep HF's row order: their RoPE rotates halves in both layouts.
 
-use anyhow::ensure;
-
 use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
-use crate::loaders::checkpoint::{Tensor, Weights, concat_rows, load_matrix};
+use crate::loaders::checkpoint::{Tensor, WeightError, Weights, concat_rows, load_matrix};
 use crate::loaders::llama_config::LlamaVariant;
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 use crate::tensor::{Dtype, TensorView};
@@ -91,8 +89,8 @@ impl Names {
 }
 
 impl<B: Backend> Llama<B> {
-    pub fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> anyhow::Result<Self> {
-        config.validate().map_err(|e| anyhow::anyhow!("invalid Llama config: {e}"))?;
+    pub fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> Result<Self, WeightError> {
+        config.validate().map_err(|message| WeightError::Config { architecture: "Llama", message })?;
         let gguf = matches!(weights, Weights::Gguf(_));
         let names = Names { gguf };
         let rope_scaling = config.rope_scaling.freq_factors(config.rope_theta, config.head_dim);
@@ -101,12 +99,11 @@ impl<B: Backend> Llama<B> {
         let freq_factors = match weights.get("rope_freqs.weight")? {
             Some(t) => {
                 let half = config.head_dim / 2;
-                let stored = t.view()?.to_f32().map_err(anyhow::Error::msg)?;
-                ensure!(
-                    stored.len() == half,
-                    "rope_freqs.weight has {} values, not one per rotated pair ({half})",
-                    stored.len()
-                );
+                let stored = t.to_f32()?;
+                if stored.len() != half {
+                    let expected = format!("[{half}], one value per rotated pair");
+                    return Err(WeightError::Shape { name: t.name, got: t.shape, expected });
+                }
                 Some(match &rope_scaling {
                     Some(linear) => stored.iter().zip(linear).map(|(a, b)| a * b).collect(),
                     None => stored,
@@ -135,7 +132,7 @@ impl<B: Backend> Llama<B> {
         let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (qw, kw) = (spec.q_width(), spec.kv_width());
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);
-        let vector = |name: &str| -> anyhow::Result<B::Vector> {
+        let vector = |name: &str| -> Result<B::Vector, WeightError> {
             Ok(backend.load_vector(&get(name, &[c])?.to_float()?.view()?)?)
         };
         let matrix = |t: Tensor| load_matrix(backend, &t);
@@ -156,10 +153,10 @@ impl<B: Backend> Llama<B> {
                 )?;
                 let bqkv = match config.variant {
                     LlamaVariant::Qwen2 => {
-                        let bias = |part: &str, len: usize| -> anyhow::Result<Vec<f32>> {
+                        let bias = |part: &str, len: usize| -> Result<Vec<f32>, WeightError> {
                             let t = get(&names.block_tensor(i, part, "bias"), &[len])?;
                             let t = t.to_float()?;
-                            t.view()?.to_f32().map_err(anyhow::Error::msg)
+                            t.to_f32()
                         };
                         let mut b = bias("self_attn.q_proj", qw)?;
                         b.extend(bias("self_attn.k_proj", kw)?);
@@ -173,7 +170,7 @@ impl<B: Backend> Llama<B> {
                 };
                 let qk_norm = match config.variant {
                     LlamaVariant::Qwen3 => {
-                        let norm = |part: &str| -> anyhow::Result<B::Vector> {
+                        let norm = |part: &str| -> Result<B::Vector, WeightError> {
                             let t = get(&n(part), &[spec.head_dim])?;
                             let t = t.to_float()?;
                             Ok(backend.load_vector(&t.view()?)?)
@@ -193,13 +190,12 @@ impl<B: Backend> Llama<B> {
                     w_down: matrix(get(&n("mlp.down_proj"), &[c, f])?)?,
                 })
             })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, WeightError>>()?;
         let tied = config.tie_word_embeddings;
-        ensure!(
-            tied || weights.get(names.head())?.is_some(),
-            "{} is missing and the model's head is not tied to its embedding: there is no output head",
-            names.head()
-        );
+        if !tied && weights.get(names.head())?.is_none() {
+            let message = "missing, and the model's head is not tied to its embedding: there is no output head";
+            return Err(WeightError::Tensor { name: names.head().to_owned(), message: message.into() });
+        }
         let head = if tied { None } else { Some(matrix(get(names.head(), &[v, c])?)?) };
         let info = ModelInfo {
             architecture: config.variant.name(),
@@ -239,7 +235,7 @@ impl<B: Backend> crate::model::Architecture<B> for Llama<B> {
         LlamaConfig::from_gguf(file)
     }
 
-    fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> anyhow::Result<Self> {
+    fn load(backend: &B, config: LlamaConfig, weights: &Weights) -> Result<Self, WeightError> {
         Llama::load(backend, config, weights)
     }
 }

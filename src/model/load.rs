@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::backend::Backend;
 use crate::chat::{ChatTemplate, Message, TemplateError};
+use crate::loaders::checkpoint::WeightError;
 use crate::loaders::gguf::GgufFile;
 pub use crate::loaders::is_gguf;
 use crate::loaders::{WeightStore, Weights};
@@ -36,8 +37,8 @@ pub enum LoadError {
     #[error("the tokenizer has {tokenizer} ids but the model only {model}")]
     VocabMismatch { tokenizer: usize, model: usize },
     /// Tensors missing, misshapen or unreadable, or the backend could not take them.
-    #[error("loading weights from {}: {cause:#}", path.display())]
-    Weights { path: PathBuf, cause: anyhow::Error },
+    #[error("loading weights from {}: {cause}", path.display())]
+    Weights { path: PathBuf, cause: WeightError },
 }
 
 /// One architecture as the loader sees it (see [`Architecture`]).
@@ -57,7 +58,7 @@ type Built<B> = Result<Box<dyn CausalLm<B>>, LoadStep>;
 /// Where loading failed: reading the config, or loading the weights.
 enum LoadStep {
     Config(String),
-    Weights(anyhow::Error),
+    Weights(WeightError),
 }
 
 fn entry<B: Backend, A: Architecture<B>>() -> Entry<B> {

@@ -93,7 +93,11 @@ pub trait Architecture<B: Backend>: CausalLm<B> + Sized + 'static {
     const HF_MODEL_TYPES: &'static [&'static str];
     fn config_from_hf(json: &str) -> Result<Self::Config, String>;
     fn config_from_gguf(file: &crate::loaders::gguf::GgufFile) -> Result<Self::Config, String>;
-    fn load(backend: &B, config: Self::Config, weights: &crate::loaders::Weights) -> anyhow::Result<Self>;
+    fn load(
+        backend: &B,
+        config: Self::Config,
+        weights: &crate::loaders::Weights,
+    ) -> Result<Self, crate::loaders::checkpoint::WeightError>;
 }
 
 /// A causal language model over backend `B`: the engine's whole view of a model.

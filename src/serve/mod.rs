@@ -100,10 +100,15 @@ impl AppState {
     }
 }
 
+/// [`run_engine`] was called a second time on the same [`AppState`].
+#[derive(Debug, thiserror::Error)]
+#[error("the server's model was loaded twice")]
+pub struct LoadedTwice;
+
 /// Run the scheduler over a loaded engine until `state.stop` is set: publish the parts
 /// the HTTP side needs, then loop. Call it on the thread (and rayon pool) that should
 /// run the model.
-pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Result<()> {
+pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> Result<(), LoadedTwice> {
     let Engine { backend, model, text, speculation } = engine;
     let info = model.info().clone();
     let mut cfg = state.config.scheduler.clone();
@@ -120,7 +125,7 @@ pub fn run_engine<B: Backend>(engine: Engine<B>, state: &AppState) -> anyhow::Re
     let scheduler = cfg.clone();
     let loaded = Loaded { text, info, created, scheduler, jobs: tx, grammars };
     if state.loaded.set(loaded).is_err() {
-        anyhow::bail!("the server's model was loaded twice");
+        return Err(LoadedTwice);
     }
     tracing::info!(slots = cfg.parallel, ctx_size = cfg.ctx_size, "ready: /health answers 200");
     let mut scheduler = Scheduler::new(&backend, &*model, cfg, end_of_generation, state.metrics.clone());
