@@ -16,6 +16,7 @@ use std::path::Path;
 use crate::backend::{Backend, BackendError, HostMatrix, SeqSlice};
 use crate::compare::error_stats;
 use crate::loaders::safetensors::{SafetensorsError, SafetensorsFile};
+use crate::model::{Batch, CausalLm, LogitRows, Stage};
 
 /// Why a verification could not run: a reference file that is not a reference dump, a
 /// reference made from another model, or a backend that failed.
@@ -42,7 +43,6 @@ macro_rules! require {
         }
     };
 }
-use crate::model::{Batch, CausalLm, LogitRows, Stage};
 
 /// Normalised-error tolerances (max |ours − HF| / max |HF| per position), by the rounding
 /// a run adds to HF's numbers: 2.5–7× the largest error measured on the three fixture

@@ -398,13 +398,10 @@ fn generation_errors_say_whose_fault_it_is() {
     let err = e.generate(&[11, 12], &params, pipe).map(|g| g.generated_ids).unwrap_err();
     assert!(!err.is_input());
     assert_eq!(err.to_string(), "writing: broken pipe");
-    match err {
-        EngineError::Callback(inner) => {
-            let io = inner.downcast_ref::<std::io::Error>().expect("the caller's io::Error");
-            assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
-        }
-        other => panic!("{other:?}"),
-    }
+    // What the CLI asks to end quietly on `forge ... | head`, through anyhow's chain.
+    let wrapped = anyhow::Error::from(err).context("generating");
+    let kinds: Vec<_> = wrapped.chain().filter_map(batch_forge::engine::io_error_kind).collect();
+    assert_eq!(kinds, [std::io::ErrorKind::BrokenPipe], "{wrapped:#}");
 }
 
 /// The engine's other entry points: perplexity's windows, speculation's settings and the

@@ -461,13 +461,13 @@ pub fn unsupported_flag(args: &[std::ffi::OsString]) -> Option<String> {
     None
 }
 
-/// `--model`: a local folder, or a Hub id resolved through the HF cache. `command` is
-/// the subcommand, named in the hint for fetching a missing model.
 /// An error writing to stdout, said as such (for engine callbacks, which take any error).
 pub fn stdout_error(e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("writing to stdout: {e}"))
 }
 
+/// `--model`: a local folder, or a Hub id resolved through the HF cache. `command` is
+/// the subcommand, named in the hint for fetching a missing model.
 pub fn model_dir(model: &str, weights: bool, command: &str) -> anyhow::Result<PathBuf> {
     Ok(loaders::resolve_model(model, &HubClient::from_env(), weights, command)?)
 }
@@ -566,5 +566,5 @@ pub fn in_pool<R: Send>(threads: Option<usize>, f: impl FnOnce() -> anyhow::Resu
 
 /// Output to a closed pipe (`forge generate | head`) ends the program quietly.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| batch_forge::engine::io_error_kind(c) == Some(std::io::ErrorKind::BrokenPipe))
 }

@@ -371,11 +371,13 @@ impl HfModel {
             (vocab, merges, eot.into_iter().collect())
         };
         // One text per id up to the model's vocabulary; ids no token uses are padding.
+        let vocab_file = if tj.is_file() { tj.clone() } else { self.dir.join("vocab.json") };
         let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
         let mut place = |text: &str, id: u64, ty: i32| -> Result<(), ConvertError> {
             let slot = usize::try_from(id).ok().and_then(|i| tokens.get_mut(i));
             let slot = slot.ok_or_else(|| {
-                ConvertError::Unsupported(format!("token {text:?} has id {id}, outside the vocabulary of {vocab_size}"))
+                let message = format!("token {text:?} has id {id}, outside the vocabulary of {vocab_size}");
+                ConvertError::file(&vocab_file, message)
             })?;
             *slot = Some((text.to_owned(), ty));
             Ok(())

@@ -234,7 +234,7 @@ pub fn plan_tensors(src: &Source, opts: &QuantizeOptions) -> Result<Vec<TensorPl
         }
         if to != info.ty {
             if !quant::SUPPORTED.contains(&info.ty) {
-                let message = format!("{}, which cannot be decoded for re-quantization", info.ty.name());
+                let message = format!("of type {}, which cannot be decoded for re-quantization", info.ty.name());
                 return Err(ConvertError::tensor(&info.name, message));
             }
             if !opts.allow_requantize && info.ty.block_size() != 1 {
@@ -278,11 +278,14 @@ pub fn convert_tensor<'b>(t: &TensorPlan, bytes: &'b [u8]) -> Result<Cow<'b, [u8
     if n == 0 {
         return Ok(Cow::Owned(Vec::new()));
     }
-    let not_rows = || ConvertError::tensor(&t.name, "bytes are not whole rows");
-    let row_in = t.from.bytes_for(t.dims[0]).ok_or_else(not_rows)? as usize;
-    let row_out = t.to.bytes_for(t.dims[0]).ok_or_else(not_rows)? as usize;
+    let blocks = |ty: GgmlType| {
+        ty.bytes_for(t.dims[0]).map(|n| n as usize).ok_or_else(|| {
+            ConvertError::tensor(&t.name, format!("rows of {} values are not whole {} blocks", t.dims[0], ty.name()))
+        })
+    };
+    let (row_in, row_out) = (blocks(t.from)?, blocks(t.to)?);
     if row_in == 0 || !bytes.len().is_multiple_of(row_in) {
-        return Err(not_rows());
+        return Err(ConvertError::tensor(&t.name, "its bytes are not whole rows"));
     }
     let mut out = vec![0u8; bytes.len() / row_in * row_out];
     out.par_chunks_mut(row_out)
@@ -384,7 +387,7 @@ pub fn quantize(
         }
         let file = w.finish()?.into_inner().map_err(|e| output_error("write", &tmp)(e.into_error()))?;
         file.sync_all().map_err(output_error("write", &tmp))?;
-        std::fs::rename(&tmp, output).map_err(output_error("rename into place", &tmp))
+        std::fs::rename(&tmp, output).map_err(output_error("move the finished file into place as", output))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

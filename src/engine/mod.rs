@@ -208,7 +208,20 @@ impl EngineError {
                 | EngineError::Sampling(_)
                 | EngineError::Speculation(_)
                 | EngineError::Windows(_)
+                | EngineError::ModelsDiffer
         )
+    }
+}
+
+/// The kind of the `io::Error` that `error` is, or that an [`EngineError::Callback`]
+/// carries (a callback's failed write: the CLI ends quietly on a broken pipe).
+pub fn io_error_kind(error: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    if let Some(io) = error.downcast_ref::<std::io::Error>() {
+        return Some(io.kind());
+    }
+    match error.downcast_ref::<EngineError>() {
+        Some(EngineError::Callback(inner)) => io_error_kind(inner.as_ref()),
+        _ => None,
     }
 }
 

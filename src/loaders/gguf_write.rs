@@ -21,8 +21,15 @@ pub enum GgufWriteError {
     /// Tensors written against the plan: one too many, too few, or of the wrong size.
     #[error("{0}")]
     Order(String),
+    /// (The cause is in the message, not `source()`: printing the chain would repeat it.)
     #[error("writing the GGUF file: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for GgufWriteError {
+    fn from(e: std::io::Error) -> Self {
+        GgufWriteError::Io(e)
+    }
 }
 
 type Result<T> = std::result::Result<T, GgufWriteError>;

@@ -22,6 +22,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
+
 /// Why a file could not be had from the Hub. (Causes are in the message, not `source()`:
 /// printing the chain would repeat them.)
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +52,6 @@ fn cache_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error)
     let path = path.to_owned();
     move |cause| HubError::Cache { action, path, cause }
 }
-use sha2::{Digest, Sha256};
 
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
@@ -178,6 +179,16 @@ impl HubClient {
         }
     }
 
+    /// A request that got no usable answer: denied, another status, or no connection.
+    fn request_error(&self, url: &str, e: ureq::Error) -> HubError {
+        let url = url.to_owned();
+        match e {
+            ureq::Error::Status(code @ (401 | 403), _) => HubError::Denied { url, code },
+            ureq::Error::Status(code, _) => HubError::Status { url, code },
+            e => HubError::Unreachable { endpoint: self.endpoint.clone(), message: e.to_string() },
+        }
+    }
+
     fn head(&self, repo_id: &str, revision: &str, filename: &str) -> Result<Option<FileMeta>> {
         let agent = self.agent(false);
         let mut url = self.url(repo_id, revision, filename);
@@ -185,12 +196,8 @@ impl HubClient {
             let resp = match self.request(&agent, "HEAD", &url).call() {
                 Ok(r) => r,
                 Err(ureq::Error::Status(404, _)) => return Ok(None),
-                Err(ureq::Error::Status(code @ (401 | 403), _)) => return Err(HubError::Denied { url, code }),
                 Err(ureq::Error::Status(code, r)) if (300..400).contains(&code) => r,
-                Err(ureq::Error::Status(code, _)) => return Err(HubError::Status { url, code }),
-                Err(e) => {
-                    return Err(HubError::Unreachable { endpoint: self.endpoint.clone(), message: e.to_string() });
-                }
+                Err(e) => return Err(self.request_error(&url, e)),
             };
             let header = |k: &str| resp.header(k).map(|v| v.trim().to_owned());
             let etag = header("X-Linked-Etag").or_else(|| header("ETag"));
@@ -219,7 +226,7 @@ impl HubClient {
     fn download(&self, repo_id: &str, revision: &str, filename: &str, meta: &FileMeta, blob: &Path) -> Result<()> {
         let url = self.url(repo_id, revision, filename);
         let failed = |message: String| HubError::Download { url: url.clone(), message };
-        let resp = self.request(&self.agent(true), "GET", &url).call().map_err(|e| failed(e.to_string()))?;
+        let resp = self.request(&self.agent(true), "GET", &url).call().map_err(|e| self.request_error(&url, e))?;
         let total = meta.size.or_else(|| resp.header("Content-Length").and_then(|s| s.parse().ok()));
         let blobs = blob.parent().expect("blobs dir");
         fs::create_dir_all(blobs).map_err(cache_error("create", blobs))?;
