@@ -11,7 +11,6 @@ use batch_forge::backend::reference::ReferenceBackend;
 use batch_forge::backend::{AttentionSpec, Backend, HostMatrix, SeqSlice};
 use batch_forge::engine::Engine;
 use batch_forge::loaders::checkpoint::WeightError;
-use batch_forge::loaders::safetensors::{OwnedTensor, SafetensorsFile, serialize};
 use batch_forge::loaders::{Gpt2Config, WeightStore};
 use batch_forge::model::{Batch, Gpt2, LogitRows};
 use batch_forge::tensor::KvDtype;
@@ -136,26 +135,6 @@ fn invalid_configs_are_refused_by_the_model_too() {
     assert!(Gpt2::load(&ReferenceBackend, good, &weights).is_ok());
 }
 
-/// The tiny GPT-2 folder with its weights replaced by `edit` of them, in a temporary folder.
-fn tiny_gpt2_with(edit: impl FnOnce(&mut Vec<OwnedTensor>)) -> tempfile::TempDir {
-    let src = fixture("tiny-gpt2");
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    let file = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
-    let mut tensors: Vec<OwnedTensor> = file
-        .names()
-        .map(|n| {
-            let t = file.get(n).unwrap();
-            OwnedTensor { name: n.to_owned(), dtype: t.dtype, shape: t.shape.to_vec(), bytes: t.bytes.to_vec() }
-        })
-        .collect();
-    edit(&mut tensors);
-    std::fs::write(dir.path().join("model.safetensors"), serialize(&tensors, &Default::default())).unwrap();
-    dir
-}
-
 /// The library's errors say whose fault a failure is in their types, not only in their
 /// words: a missing or misshapen tensor, a `--model` that names nothing, a quantization
 /// its settings refuse, a reference dump that is not one or is of another model.
@@ -168,17 +147,19 @@ fn loading_converting_and_verifying_errors_are_typed() {
     use batch_forge::model::load::LoadError;
     use batch_forge::verify::{Reference, VerifyError, tolerance, verify};
 
-    let missing = tiny_gpt2_with(|t| t.retain(|t| t.name != "h.1.ln_2.bias"));
-    match Engine::load(ReferenceBackend, missing.path()).map(|_| ()) {
+    let (_missing, dir) = fixture_copy("tiny-gpt2");
+    rewrite_checkpoint(&dir, |t| t.retain(|t| t.name != "h.1.ln_2.bias"));
+    match Engine::load(ReferenceBackend, &dir).map(|_| ()) {
         Err(LoadError::Weights { cause: WeightError::Missing { name }, .. }) => assert_eq!(name, "h.1.ln_2.bias"),
         other => panic!("{other:?}"),
     }
-    let misshapen = tiny_gpt2_with(|t| {
+    let (_misshapen, dir) = fixture_copy("tiny-gpt2");
+    rewrite_checkpoint(&dir, |t| {
         let w = t.iter_mut().find(|t| t.name == "h.0.mlp.c_proj.bias").unwrap();
         w.bytes.truncate(w.bytes.len() - 4);
         w.shape[0] -= 1;
     });
-    match Engine::load(ReferenceBackend, misshapen.path()).map(|_| ()) {
+    match Engine::load(ReferenceBackend, &dir).map(|_| ()) {
         Err(LoadError::Weights { cause: WeightError::Shape { name, got, .. }, .. }) => {
             assert_eq!((name.as_str(), got), ("h.0.mlp.c_proj.bias", vec![63])); // n_embd 64, one cut
         }

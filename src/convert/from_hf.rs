@@ -636,11 +636,10 @@ impl HfModel {
             }
         }
         if let Some(t) = tc.as_ref().filter(|_| tc_set) {
-            let read = |p: &Path| read_text(p);
             let jinja = self.dir.join("chat_template.jinja");
             let json = self.dir.join("chat_template.json");
             let alt = if jinja.is_file() {
-                let default = read(&jinja)?;
+                let default = read_text(&jinja)?;
                 // With additional_chat_templates/*.jinja: a named list, as gguf-py reads it.
                 let mut extra = Vec::new();
                 if let Ok(dir) = std::fs::read_dir(self.dir.join("additional_chat_templates")) {
@@ -648,7 +647,7 @@ impl HfModel {
                         let path = entry.path();
                         if path.extension().is_some_and(|e| e == "jinja") && path.is_file() {
                             let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                            extra.push(serde_json::json!({"name": name, "template": read(&path)?}));
+                            extra.push(serde_json::json!({"name": name, "template": read_text(&path)?}));
                         }
                     }
                 }

@@ -46,7 +46,7 @@ pub fn lockstep<A: Backend, B: Backend>(
     b: &Engine<B>,
     prompt_ids: &[u32],
     params: &GenerateParams,
-    mut on_step: impl FnMut(&LockstepStep) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    mut on_step: impl FnMut(&LockstepStep) -> Result<(), super::CallerError>,
 ) -> Result<Vec<LockstepStep>, EngineError> {
     if a.model.info() != b.model.info() {
         return Err(EngineError::ModelsDiffer);

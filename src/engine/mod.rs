@@ -117,8 +117,11 @@ pub enum StopReason {
 #[derive(Debug)]
 pub enum Halt {
     Stop,
-    Fail(Box<dyn std::error::Error + Send + Sync>),
+    Fail(CallerError),
 }
+
+/// A callback's own error, as the engine hands it back ([`EngineError::Callback`]).
+pub type CallerError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for Halt {
     fn from(e: E) -> Self {
@@ -190,10 +193,10 @@ pub enum EngineError {
     /// A lockstep of two engines that do not hold the same model.
     #[error("the two engines must load the same model")]
     ModelsDiffer,
-    /// The caller's `on_token` (or perplexity's `on_window`) failed (its error, whole: its
-    /// chain is kept).
+    /// The caller's `on_token` (or perplexity's or lockstep's callback) failed: its own
+    /// error, whole ([`io_error_kind`] finds a failed write in it).
     #[error(transparent)]
-    Callback(Box<dyn std::error::Error + Send + Sync>),
+    Callback(CallerError),
 }
 
 impl EngineError {

@@ -57,7 +57,7 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         n_ctx: usize,
         max_windows: Option<usize>,
-        mut on_window: impl FnMut(&PerplexityState) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+        mut on_window: impl FnMut(&PerplexityState) -> Result<(), super::CallerError>,
     ) -> Result<PerplexityState, EngineError> {
         let context = self.model.info().context_length;
         let refuse = |m: String| Err(EngineError::Windows(m));

@@ -191,6 +191,11 @@ pub fn load_matrix<B: Backend>(backend: &B, t: &Tensor) -> Result<B::Matrix, Wei
     }
 }
 
+/// Load a 1-D tensor with [`Backend::load_vector`], quantized blocks decoded first.
+pub fn load_vector<B: Backend>(backend: &B, t: &Tensor) -> Result<B::Vector, WeightError> {
+    Ok(backend.load_vector(&t.to_float()?.view()?)?)
+}
+
 /// Matrices stacked along their rows (`[out, in]` layers that share an input, such as
 /// q | k | v): one matrix, so the backend runs one matmul instead of three. Rows are
 /// independent in every format, so bytes are joined as they are when all parts share a

@@ -426,7 +426,6 @@ impl<B: Backend> Gemma3<B> {
         // Gemma's norms multiply by 1 + w: the GGUF holds 1 + w already, HF's files w.
         let norm = |name: &str, n: usize| -> Result<B::Vector, WeightError> {
             let t = get(name, &[n])?;
-            let t = t.to_float()?;
             let mut g = t.to_f32()?;
             if !gguf {
                 g.iter_mut().for_each(|w| *w += 1.0);

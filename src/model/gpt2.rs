@@ -17,7 +17,7 @@
 
 use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, MatrixLayout};
 use crate::loaders::Gpt2Config;
-use crate::loaders::checkpoint::{Tensor, TensorData, WeightError, Weights, load_matrix};
+use crate::loaders::checkpoint::{Tensor, TensorData, WeightError, Weights, load_matrix, load_vector};
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 
 struct Block<B: Backend> {
@@ -94,9 +94,8 @@ impl<B: Backend> Gpt2<B> {
         let prefix = if !gguf && weights.get("transformer.wte.weight")?.is_some() { "transformer." } else { "" };
         let n = Names { weights, prefix, gguf };
         let (c, f, v) = (config.n_embd, config.n_inner, config.vocab_size);
-        let vector = |name: &str, len: usize| -> Result<B::Vector, WeightError> {
-            Ok(backend.load_vector(&n.get(name, &[len])?.to_float()?.view()?)?)
-        };
+        let vector =
+            |name: &str, len: usize| -> Result<B::Vector, WeightError> { load_vector(backend, &n.get(name, &[len])?) };
         // A linear layer's weight: `[in, out]` Conv1D from HF, `[out, in]` rows from GGUF.
         let weight = |name: &str, n_in: usize, n_out: usize| -> Result<B::Matrix, WeightError> {
             if gguf {

@@ -20,7 +20,7 @@
 
 use crate::backend::{AttentionSpec, Backend, BackendError, BackendResult, Rope, RopeStyle};
 use crate::loaders::LlamaConfig;
-use crate::loaders::checkpoint::{Tensor, WeightError, Weights, concat_rows, load_matrix};
+use crate::loaders::checkpoint::{Tensor, WeightError, Weights, concat_rows, load_matrix, load_vector};
 use crate::loaders::llama_config::LlamaVariant;
 use crate::model::{Batch, CausalLm, LogitRows, ModelInfo, Stage, check_batch, check_logit_rows, logit_rows};
 use crate::tensor::{Dtype, TensorView};
@@ -132,9 +132,7 @@ impl<B: Backend> Llama<B> {
         let (c, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
         let (qw, kw) = (spec.q_width(), spec.kv_width());
         let get = |name: &str, shape: &[usize]| weights.require(name, shape);
-        let vector = |name: &str| -> Result<B::Vector, WeightError> {
-            Ok(backend.load_vector(&get(name, &[c])?.to_float()?.view()?)?)
-        };
+        let vector = |name: &str| -> Result<B::Vector, WeightError> { load_vector(backend, &get(name, &[c])?) };
         let matrix = |t: Tensor| load_matrix(backend, &t);
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -154,9 +152,7 @@ impl<B: Backend> Llama<B> {
                 let bqkv = match config.variant {
                     LlamaVariant::Qwen2 => {
                         let bias = |part: &str, len: usize| -> Result<Vec<f32>, WeightError> {
-                            let t = get(&names.block_tensor(i, part, "bias"), &[len])?;
-                            let t = t.to_float()?;
-                            t.to_f32()
+                            get(&names.block_tensor(i, part, "bias"), &[len])?.to_f32()
                         };
                         let mut b = bias("self_attn.q_proj", qw)?;
                         b.extend(bias("self_attn.k_proj", kw)?);
@@ -171,9 +167,7 @@ impl<B: Backend> Llama<B> {
                 let qk_norm = match config.variant {
                     LlamaVariant::Qwen3 => {
                         let norm = |part: &str| -> Result<B::Vector, WeightError> {
-                            let t = get(&n(part), &[spec.head_dim])?;
-                            let t = t.to_float()?;
-                            Ok(backend.load_vector(&t.view()?)?)
+                            load_vector(backend, &get(&n(part), &[spec.head_dim])?)
                         };
                         Some((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
                     }

@@ -342,29 +342,35 @@ pub fn gpu_subgroups_or_skip(b: &batch_forge::backend::gpu::GpuBackend, what: &s
     false
 }
 
-/// Rewrite `wpe.weight` row `pos` of a copied checkpoint to NaN.
-pub fn poison_position_embedding(dir: &std::path::Path, pos: usize) {
+/// Rewrite the `model.safetensors` of a copied checkpoint with `edit` of its tensors
+/// (its metadata kept).
+pub fn rewrite_checkpoint(dir: &std::path::Path, edit: impl FnOnce(&mut Vec<OwnedTensor>)) {
     use batch_forge::loaders::safetensors::serialize;
     let path = dir.join("model.safetensors");
     let file = SafetensorsFile::open(&path).unwrap();
-    let names: Vec<String> = file.names().map(str::to_owned).collect();
-    let tensors: Vec<OwnedTensor> = names
-        .iter()
+    let mut tensors: Vec<OwnedTensor> = file
+        .names()
         .map(|n| {
             let t = file.get(n).unwrap();
-            let mut bytes = t.bytes.to_vec();
-            if n.ends_with("wpe.weight") {
-                let row = t.shape[1] * 4;
-                for v in bytes[pos * row..(pos + 1) * row].chunks_mut(4) {
-                    v.copy_from_slice(&f32::NAN.to_le_bytes());
-                }
-            }
-            OwnedTensor { name: n.clone(), dtype: t.dtype, shape: t.shape.to_vec(), bytes }
+            OwnedTensor { name: n.to_owned(), dtype: t.dtype, shape: t.shape.to_vec(), bytes: t.bytes.to_vec() }
         })
         .collect();
+    edit(&mut tensors);
     let out = serialize(&tensors, file.metadata());
     drop(file);
     std::fs::write(&path, out).unwrap();
+}
+
+/// Rewrite `wpe.weight` row `pos` of a copied checkpoint to NaN.
+pub fn poison_position_embedding(dir: &std::path::Path, pos: usize) {
+    rewrite_checkpoint(dir, |tensors| {
+        for t in tensors.iter_mut().filter(|t| t.name.ends_with("wpe.weight")) {
+            let row = t.shape[1] * 4;
+            for v in t.bytes[pos * row..(pos + 1) * row].chunks_mut(4) {
+                v.copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+        }
+    });
 }
 
 /// A copy of a fixture checkpoint in a temporary folder (kept alive by the returned guard).
