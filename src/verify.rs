@@ -301,7 +301,8 @@ pub fn verify<B: Backend>(
         let mut cache = model.new_cache(backend, p.ids.len())?;
         let seqs = [SeqSlice { rows: 0..p.ids.len(), start_pos: 0 }];
         let mut stages = Vec::with_capacity(p.stages.len());
-        model.forward_traced(
+        let mut misaligned = None;
+        let traced = model.forward_traced(
             backend,
             &Batch { tokens: &p.ids, seqs: &seqs },
             &mut [&mut cache],
@@ -309,14 +310,18 @@ pub fn verify<B: Backend>(
             &mut |stage, act| {
                 let want = p.stages.get(stages.len()).map(|s| s.0);
                 if want != Some(stage) {
-                    return Err(BackendError::Invalid(format!(
-                        "the model's stage {stage} does not line up with the reference's {want:?}"
-                    )));
+                    let message = format!("the model's stage {stage} does not line up with the reference's {want:?}");
+                    misaligned = Some(message.clone());
+                    return Err(BackendError::Invalid(message)); // ends the forward
                 }
                 stages.push(backend.read(act)?);
                 Ok(())
             },
-        )?;
+        );
+        if let Some(message) = misaligned {
+            return mismatch(message);
+        }
+        traced?;
         if stages.len() != p.stages.len() {
             return mismatch(format!("the model has {} stages, the reference {}", stages.len(), p.stages.len()));
         }

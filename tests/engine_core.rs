@@ -402,6 +402,7 @@ fn generation_errors_say_whose_fault_it_is() {
     let wrapped = anyhow::Error::from(err).context("generating");
     let kinds: Vec<_> = wrapped.chain().filter_map(batch_forge::engine::io_error_kind).collect();
     assert_eq!(kinds, [std::io::ErrorKind::BrokenPipe], "{wrapped:#}");
+    assert_eq!(format!("{wrapped:#}"), "generating: writing: broken pipe");
 }
 
 /// The engine's other entry points: perplexity's windows, speculation's settings and the

@@ -806,7 +806,7 @@ impl Backend for GpuBackend {
             };
             chunks.push(Chunk { buffer: self.weight_buffer(&bytes), row0, rows: n });
         }
-        self.check().map_err(|e| BackendError::Device(format!("uploading {}: {e}", t.name)))?;
+        self.check().map_err(|e| e.context(&format!("uploading {}", t.name)))?;
         Ok(GpuMatrix { rows, cols, dtype, quant: None, chunks })
     }
 
@@ -846,7 +846,7 @@ impl Backend for GpuBackend {
             chunks.push(Chunk { buffer: self.weight_buffer(part), row0, rows: n });
             crate::tensor::release(part);
         }
-        self.check().map_err(|e| BackendError::Device(format!("uploading {name}: {e}")))?;
+        self.check().map_err(|e| e.context(&format!("uploading {name}")))?;
         Ok(GpuMatrix { rows: n_out, cols: n_in, dtype: WeightDtype::F32, quant: Some(q), chunks })
     }
 
