@@ -4,7 +4,8 @@
 # Llama fixtures), cpu/gpu lockstep on GPT-2 and Llama files (HF folders and GGUF), forge
 # bench on random GPT-2 124M and XL (f32, f16, and Q8_0/Q4_0 GGUF written on the machine by
 # `forge quantize`: blocks resident on the device, and decoded to f16 for comparison;
-# batched decode of 1, 16 and 64 sequences), SmolLM2 Q4_1 when $SMOLLM2 names it (the file
+# batched decode of 1, 16 and 64 sequences, and the batch-invariant matmul whole against
+# split over K), SmolLM2 Q4_1 when $SMOLLM2 names it (the file
 # is over the 64 MiB carry), and HF transformers on CUDA with the same configs and files.
 # Writes everything under $OUT (or ./device-out).
 #
@@ -56,6 +57,11 @@ for m in gpt2 gpt2-xl; do
         # The gpu's in-register decoding against the cpu's f32 path, step by step.
         $FORGE generate -m /tmp/rand-$m.$t.gguf "Hello" -n 16 --greedy --ignore-eos --backend both | tail -1
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu -p 512 -n 128 --npl 1,16,64 -r 5
+        # What the server runs: the batch-invariant matmul for every row count, whole
+        # against split over K (the default on a GPU for decode batches of up to 64 rows).
+        for sk in off auto; do
+            $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu --batch-invariant --split-k $sk -p 512 -n 128 --npl 1,16,64 -r 3
+        done
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend gpu --dtype f16 -p 512 -n 128 -r 5
         $FORGE bench -m /tmp/rand-$m.$t.gguf --backend cpu -p 512 -n 128 -r 3
     done

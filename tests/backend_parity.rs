@@ -1137,3 +1137,102 @@ fn gpu_quantized_weights_every_format_and_kernel() {
         }
     }
 }
+
+/// The tiled matmul's two ways, whole and split over K's 256-value spans (what a decode
+/// batch runs on a GPU), give every row the same bits whatever rows come with it: 70
+/// rows whole are the truth, and 1, 3, 64 and 70 rows split, and 1 row whole, must
+/// equal them bit for bit — f32, f16 (shader-f16) and block-quantized weights, with a
+/// bias and with GELU, K from two spans to eight with ragged ends, activations from
+/// 1e-3 to 1e3. The truth itself is within the parity bounds of the reference.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_matmul_split_or_whole_gives_the_same_bits() {
+    use batch_forge::backend::gpu::{GpuBackend, GpuMatrix, GpuOptions};
+    use batch_forge::loaders::gguf::GgmlType;
+    let Some(probe) = common::gpu_backend(GpuOptions::default()) else { return };
+    let has_f16 = common::gpu_f16_or_skip(&probe, "f16 weights in the split matmul");
+    drop(probe);
+    // Dense weights stored as `dtype`; block formats stay in their blocks (no dtype).
+    let backend = |dtype: Option<WeightDtype>, split: bool, chunk_bytes: Option<u64>| {
+        let o = GpuOptions {
+            weight_dtype: dtype,
+            batch_invariant: true,
+            split_k: Some(split),
+            chunk_bytes,
+            ..Default::default()
+        };
+        common::gpu_backend(o).expect("the probe found an adapter")
+    };
+    let r = ReferenceBackend;
+    let mut rng = Rng::new(11);
+    // (dense dtype or block format, k, n)
+    let cases: [(Result<WeightDtype, GgmlType>, usize, usize); 8] = [
+        (Ok(WeightDtype::F32), 300, 67),
+        (Ok(WeightDtype::F32), 1000, 130),
+        (Ok(WeightDtype::F32), 1800, 70),
+        (Ok(WeightDtype::F16), 777, 65),
+        (Err(GgmlType::Q8_0), 800, 67),
+        (Err(GgmlType::Q4_0), 288, 129),
+        (Err(GgmlType::Q4K), 1536, 65),
+        (Err(GgmlType::Q6K), 512, 33),
+    ];
+    let (rows, pick) = (70, [(0..1), (5..8), (6..70), (0..70)]);
+    for (i, &(kind, k, n)) in cases.iter().enumerate() {
+        if kind == Ok(WeightDtype::F16) && !has_f16 {
+            continue;
+        }
+        let scale = [1e-3f32, 1.0, 1e3][i % 3];
+        let x = host(rows, k, normal(&mut rng, rows * k, scale));
+        let bias = tensor(&[n], &normal(&mut rng, n, scale));
+        let chunks = (i % 2 == 1).then_some(8192);
+        let (whole, split) = (backend(kind.ok(), false, None), backend(kind.ok(), true, chunks));
+        let (dense, blocks) = match kind {
+            Ok(d) => (Some(tensor(&[n, k], &round_to(d, &normal(&mut rng, n * k, 1.0 / (k as f32).sqrt())))), None),
+            Err(ty) => (None, Some(random_blocks_any(&mut rng, ty, n, k))),
+        };
+        let load = |b: &GpuBackend| -> GpuMatrix {
+            let w = match (&dense, &blocks, kind) {
+                (Some(w), _, _) => b.load_matrix(&view(w), MatrixLayout::OutIn).unwrap(),
+                (_, Some(bytes), Err(ty)) => b.load_quantized("w", ty, n, k, bytes).unwrap(),
+                _ => unreachable!(),
+            };
+            assert_eq!(w.quant_type(), kind.err(), "{kind:?}: the weights' form on the device");
+            w
+        };
+        let wr = match (&dense, &blocks, kind) {
+            (Some(w), _, _) => r.load_matrix(&view(w), MatrixLayout::OutIn).unwrap(),
+            (_, Some(bytes), Err(ty)) => r.load_quantized("w", ty, n, k, bytes).unwrap(),
+            _ => unreachable!(),
+        };
+        let br = r.load_vector(&view(&bias)).unwrap();
+        for gelu in [false, true] {
+            let what = format!("{kind:?} {k}->{n} scale {scale} gelu {gelu}");
+            let run = |b: &GpuBackend, rows: std::ops::Range<usize>| -> HostMatrix {
+                let (w, bb) = (load(b), b.load_vector(&view(&bias)).unwrap());
+                let xs = host(rows.len(), k, x.data[rows.start * k..rows.end * k].to_vec());
+                let xb = b.upload(&xs);
+                let y = if gelu { b.linear_gelu(&xb, &w, Some(&bb)) } else { b.linear(&xb, &w, Some(&bb)) };
+                b.read(&y).unwrap()
+            };
+            let truth = run(&whole, 0..rows);
+            assert_eq!(whole.split_matmuls(), 0, "{what}: the whole side split");
+            let mut want = r.linear(&x, &wr, Some(&br));
+            if gelu {
+                r.gelu(&mut want);
+            }
+            compare(&what, &truth, &want);
+            let mut tries: Vec<_> = pick.iter().map(|p| ("split", &split, p.clone())).collect();
+            tries.push(("whole", &whole, 3..4));
+            for (way, b, p) in tries {
+                let split_before = b.split_matmuls();
+                let got = run(b, p.clone());
+                assert_eq!(b.split_matmuls() > split_before, way == "split", "{what}: {way} ran the other way");
+                assert_eq!((got.rows, got.cols), (p.len(), n), "{what}");
+                for (j, row) in p.clone().enumerate() {
+                    let same = got.row(j).iter().zip(truth.row(row)).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: row {row} of {} rows {way} differs from the 70 rows whole", p.len());
+                }
+            }
+        }
+    }
+}

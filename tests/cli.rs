@@ -424,6 +424,8 @@ fn flag_errors_come_before_devices_and_files() {
             (vec!["bench", "-m", model, "--backend", "both"], "for `forge generate` only"),
             (vec!["bench", "-m", model, "--backend", "gpu", "--dtype", "bf16"], "bf16 is cpu-only"),
             (vec!["bench", "-m", model, "-t", "0"], "at least 1"),
+            (vec!["bench", "-m", model, "--split-k", "on"], "--split-k chooses how the gpu backend"),
+            (vec!["generate", "-m", model, "hi", "--backend", "reference", "--split-k", "off"], "add --backend gpu"),
             (vec!["generate", "-m", model, "hi", "--backend", "reference", "--dtype", "f16"], "reference backend"),
             (vec!["generate", "-m", model, "hi", "--backend", "gpu", "--top-p", "1.5"], "top-p"),
             (vec!["generate", "-m", model, "hi", "--backend", "gpu", "--temperature", "-1"], "temperature"),

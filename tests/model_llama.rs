@@ -729,3 +729,41 @@ fn gpu_runs_llama_models_like_hf() {
         assert_eq!(e.generate(&p.ids, &params, |_| Ok(())).unwrap().generated_ids, want, "smollm2 gpu: prompt {i}");
     }
 }
+
+/// SmolLM2 on the gpu with the batch-invariant kernels, its matmuls split over K (what a
+/// decode batch runs on a GPU) and whole (what a prefill runs), does not move by a bit:
+/// the greedy tokens and log-probabilities generated one step at a time with every
+/// matmul split equal the scores of the same text prefilled at once, whole and split,
+/// and the logits of every position are the same both ways.
+#[cfg(feature = "gpu")]
+#[test]
+fn smollm2_on_the_gpu_gives_the_same_bits_split_or_whole() {
+    use batch_forge::backend::gpu::GpuOptions;
+    let Some(model) = smollm2() else { return };
+    let engine = |split| {
+        let o = GpuOptions { batch_invariant: true, split_k: Some(split), ..Default::default() };
+        Some(Engine::load(common::gpu_backend(o)?, &model).unwrap())
+    };
+    let Some(split) = engine(true) else { return };
+    let whole = engine(false).unwrap();
+    let prompt = split.prompt_ids("The capital of France is");
+    let params = GenerateParams { ignore_eos: true, logprobs: Some(3), ..GenerateParams::greedy(4) };
+    let g = split.generate(&prompt, &params, |_| Ok(())).unwrap();
+    let text: Vec<u32> = prompt.iter().chain(&g.generated_ids).copied().collect();
+    for (way, e) in [("whole", &whole), ("split", &split)] {
+        let scored = e.score(&text, 3).unwrap();
+        let scored = &scored[prompt.len() - 1..];
+        assert_eq!(scored.len(), g.logprobs.len(), "{way}");
+        for (i, (a, b)) in scored.iter().zip(&g.logprobs).enumerate() {
+            let bits = |t: &batch_forge::engine::logprobs::TokenLogprobs| -> Vec<(u32, u64)> {
+                std::iter::once((t.id, t.logprob.to_bits()))
+                    .chain(t.top.iter().map(|&(id, l)| (id, l.to_bits())))
+                    .collect()
+            };
+            assert_eq!(bits(a), bits(b), "token {i}: prefilled {way} vs generated split");
+        }
+    }
+    let (a, b) = (split.logits_all(&text).unwrap(), whole.logits_all(&text).unwrap());
+    let same = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same && a.data.len() == b.data.len(), "logits of {} positions, split vs whole", text.len());
+}

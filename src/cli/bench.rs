@@ -26,7 +26,7 @@ use batch_forge::model::random::random_checkpoint;
 use batch_forge::model::{Batch, CausalLm, Gpt2, LogitRows};
 use batch_forge::tensor::KvDtype;
 
-use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
+use super::{BackendArgs, BackendChoice, DtypeChoice, SplitChoice, with_backend};
 use batch_forge::tensor::Dtype;
 
 #[derive(Args)]
@@ -209,6 +209,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.batch_invariant {
         dtype.push_str(" (batch-invariant)");
+    }
+    match args.backend.split_k {
+        SplitChoice::Auto => {}
+        SplitChoice::On => dtype.push_str(" (split-k on)"),
+        SplitChoice::Off => dtype.push_str(" (split-k off)"),
     }
     let mut args = args;
     // Verification rows must be computed as a lone decode row would be.

@@ -96,6 +96,14 @@ pub enum DtypeChoice {
     Bf16,
 }
 
+/// `--split-k`: whether the gpu's tiled matmul splits over K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SplitChoice {
+    Auto,
+    On,
+    Off,
+}
+
 /// Backend selection flags shared by `generate` and `bench`.
 #[derive(clap::Args, Clone)]
 pub struct BackendArgs {
@@ -112,6 +120,10 @@ pub struct BackendArgs {
     /// in a finished sequence.
     #[arg(long)]
     pub swa_full: bool,
+    /// gpu: split the tiled matmul over K (auto: decode batches of up to 64 rows whose
+    /// grid would be small, on a GPU). The same bits either way; for comparing the two.
+    #[arg(long, value_enum, default_value_t = SplitChoice::Auto)]
+    pub split_k: SplitChoice,
     /// Batch-invariant cpu kernels (set by `serve`, not a flag).
     #[arg(skip)]
     pub batch_invariant: bool,
@@ -140,7 +152,10 @@ impl BackendArgs {
                 #[cfg(not(feature = "gpu"))]
                 return Err(no_gpu_build());
             }
-            _ => {}
+            _ => anyhow::ensure!(
+                self.split_k == SplitChoice::Auto,
+                "--split-k chooses how the gpu backend runs its matmul; add --backend gpu"
+            ),
         }
         Ok(())
     }
@@ -173,6 +188,11 @@ impl BackendArgs {
             weight_dtype: cpu.weight_dtype,
             kv_dtype: cpu.kv_dtype,
             batch_invariant: cpu.batch_invariant,
+            split_k: match self.split_k {
+                SplitChoice::Auto => None,
+                SplitChoice::On => Some(true),
+                SplitChoice::Off => Some(false),
+            },
             ..Default::default()
         })
     }

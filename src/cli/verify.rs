@@ -11,7 +11,7 @@ use batch_forge::loaders::DEFAULT_MODEL;
 use batch_forge::tensor::KvDtype;
 use batch_forge::verify::{Reference, Verification, tolerance, verify};
 
-use super::{BackendArgs, BackendChoice, DtypeChoice, with_backend};
+use super::{BackendArgs, BackendChoice, DtypeChoice, SplitChoice, with_backend};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum VerifyBackend {
@@ -81,6 +81,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             dtype: if plain { DtypeChoice::Auto } else { args.dtype },
             kv_dtype: if plain { KvDtype::F32 } else { args.kv_dtype },
             swa_full: false,
+            split_k: SplitChoice::Auto,
             batch_invariant: false,
         };
         // With `all`, a backend that cannot run these flags (gpu and bf16, a build

@@ -36,7 +36,7 @@ const USES_REDUCE: [&str; 2] = ["layer_norm.wgsl", "attention.wgsl"];
 pub const ENTRY_POINTS: [(&str, &[&str]); 7] = [
     ("elementwise.wgsl", &["add", "gelu", "swiglu", "geglu", "scale"]),
     ("layer_norm.wgsl", &["layer_norm", "add_layer_norm", "rms_norm", "add_rms_norm", "qk_norm"]),
-    ("matmul.wgsl", &["matmul", "gemv", "gemv_thread"]),
+    ("matmul.wgsl", &["matmul", "matmul_reduce", "gemv", "gemv_thread"]),
     ("attention.wgsl", &["kv_store", "attend"]),
     ("embed.wgsl", &["embed"]),
     ("argmax.wgsl", &["argmax"]),
@@ -161,6 +161,7 @@ fn slots(entry: &str) -> &'static [(u32, Slot)] {
         "layer_norm" => &[(1, ReadWrite), (3, Read), (4, Read), (5, ReadWrite)],
         "add_layer_norm" => &[(1, ReadWrite), (2, Read), (3, Read), (4, Read), (5, ReadWrite)],
         "matmul" | "gemv" | "gemv_thread" | "gemv_sg" => &[(1, Read), (2, Read), (3, Read), (4, ReadWrite)],
+        "matmul_reduce" => &[(3, Read), (4, ReadWrite), (5, Read)],
         "kv_store" => &[(1, Read), (2, ReadWrite), (4, Read)],
         "attend" => &[(1, Read), (2, ReadWrite), (3, ReadWrite), (4, Read)],
         "embed" | "qembed" => &[(1, Read), (2, Read), (3, ReadWrite)],
@@ -190,6 +191,8 @@ pub struct Kernels {
     pub rms_norm: Kernel,
     pub add_rms_norm: Kernel,
     pub matmul: Kernel,
+    /// The split matmul's second pass (for every weight type: it reads only f32 sums).
+    pub matmul_reduce: Kernel,
     pub gemv: Kernel,
     pub gemv_thread: Kernel,
     /// With subgroups only.
@@ -340,6 +343,7 @@ impl Kernels {
             rms_norm: kernel(&ln, "rms_norm")?,
             add_rms_norm: kernel(&ln, "add_rms_norm")?,
             matmul: kernel(&mm, "matmul")?,
+            matmul_reduce: kernel(&mm, "matmul_reduce")?,
             gemv: kernel(&mm, "gemv")?,
             gemv_thread: kernel(&mm, "gemv_thread")?,
             gemv_sg: subgroups.then(|| kernel(&mm, "gemv_sg")).transpose()?,

@@ -48,9 +48,16 @@ pub struct GpuOptions {
     /// (`None`: [`DEFAULT_POLL_TIMEOUT`], or `BATCH_FORGE_GPU_TIMEOUT_S` seconds).
     pub poll_timeout: Option<std::time::Duration>,
     /// Batch invariance (what the server runs with): every linear layer takes the tiled
-    /// matmul kernel, whose per-output sum order does not depend on the number of rows,
-    /// never the few-row GEMV (attention and the row ops are per row already).
+    /// matmul kernel, whose per-output sum order does not depend on the number of rows
+    /// (whole or split over K), never the few-row GEMV (attention and the row ops are
+    /// per row already).
     pub batch_invariant: bool,
+    /// Split the tiled matmul over K's spans: `None` for decode-sized batches (up to 64
+    /// rows) whose grid would be small, on a GPU only (never on a CPU-backed adapter);
+    /// `Some(true)` whenever K has two spans and the sums fit; `Some(false)` never.
+    /// Either way gives the same bits; tests and benchmarks compare the two. (Outside
+    /// batch-invariant mode, batches of up to 8 rows take the GEMV, never the matmul.)
+    pub split_k: Option<bool>,
     /// Split weight matrices into chunks of at most this many bytes (default: the
     /// adapter's largest storage binding). Tests use it to run the multi-chunk paths on
     /// small matrices.
@@ -79,6 +86,14 @@ pub enum GemvKernel {
 
 /// Decode-sized batches (at most this many rows) use the GEMV kernel.
 const GEMV_MAX_ROWS: usize = 8;
+/// The K span of the matmul's sum order (matmul.wgsl's `KC`).
+const MATMUL_SPAN: usize = 256;
+/// A decode-sized matmul (at most 64 rows: one row tile) with fewer column tiles than
+/// this runs split over K's spans on a GPU, then reduces them; the bits are the same
+/// either way (see matmul.wgsl).
+const SPLIT_BELOW_GROUPS: usize = 512;
+/// The spans' sums of a split matmul take at most this many bytes (as pooled).
+const SPLIT_MAX_BYTES: u64 = 64 << 20;
 /// Kernel parameter slots per submission (a GPT-2 XL step needs about 600).
 const PARAM_SLOTS: usize = 4096;
 
@@ -110,6 +125,8 @@ pub struct GpuBackend {
     subgroups: bool,
     /// Bytes of weights (matrices and vectors) uploaded so far.
     weight_bytes: std::sync::atomic::AtomicU64,
+    /// Matmuls recorded split over K so far.
+    split_matmuls: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
     bind_groups: Arc<BindCache>,
     pool: Arc<Pool>,
@@ -267,6 +284,7 @@ impl GpuBackend {
             rope_tables: Mutex::default(),
             quant_kernels: Mutex::default(),
             weight_bytes: Default::default(),
+            split_matmuls: Default::default(),
             state: Mutex::default(),
             bind_groups: Arc::default(),
             pool: Arc::new(Pool { device: device.clone(), free: Mutex::default() }),
@@ -304,6 +322,11 @@ impl GpuBackend {
     /// Whether 16-bit weights are available (the adapter has shader-f16).
     pub fn has_f16(&self) -> bool {
         self.f16
+    }
+
+    /// How many matmuls ran split over K so far (tests check which way ran).
+    pub fn split_matmuls(&self) -> u64 {
+        self.split_matmuls.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Device memory taken by the weights loaded so far (matrices and vectors).
@@ -568,6 +591,25 @@ impl GpuBackend {
         (matmul, gemv, embed)
     }
 
+    /// The K spans to split an (m x k) . (n x k)^T matmul over, or `None` to run it
+    /// whole. Split when it has more than one span, its input fits one row block
+    /// (`block` rows), its spans' sums fit one binding and [`SPLIT_MAX_BYTES`], and
+    /// either the `split_k` option says so or, by default, it is a decode-sized batch
+    /// (one 64-row tile) whose grid would be small on a GPU.
+    fn split_spans(&self, m: usize, k: usize, n: usize, block: usize) -> Option<usize> {
+        let spans = k.div_ceil(MATMUL_SPAN);
+        let row_tiles = m.div_ceil(64);
+        // The pool rounds a buffer up to a power of two.
+        let bytes = spans.checked_mul(m).and_then(|v| v.checked_mul(n)).and_then(|v| v.checked_mul(4));
+        let fits = m <= block
+            && bytes.is_some_and(|b| (b.next_power_of_two() as u64) <= self.max_binding.min(SPLIT_MAX_BYTES))
+            && spans * row_tiles <= self.max_groups as usize;
+        // A CPU-backed adapter has a few threads, which the whole grid already fills:
+        // there the second pass is only extra work (13% slower on lavapipe).
+        let small = !self.is_software() && row_tiles == 1 && n.div_ceil(64) < SPLIT_BELOW_GROUPS;
+        (spans > 1 && fits && self.opts.split_k.unwrap_or(small)).then_some(spans)
+    }
+
     fn linear_impl(&self, x: &GpuAct, w: &GpuMatrix, bias: Option<&GpuVector>, gelu: bool) -> GpuAct {
         let (m, k, n) = (x.rows, w.cols, w.rows);
         let out = self.take(m, n);
@@ -583,8 +625,18 @@ impl GpuBackend {
         let flags = [u32::from(bias.is_some()), u32::from(gelu)];
         if m <= GEMV_MAX_ROWS && !self.opts.batch_invariant {
             for c in &w.chunks {
-                let params =
-                    [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], self.sg_cols];
+                let params = [
+                    m as u32,
+                    k as u32,
+                    c.rows as u32,
+                    c.row0 as u32,
+                    n as u32,
+                    flags[0],
+                    flags[1],
+                    self.sg_cols,
+                    0,
+                    1,
+                ];
                 let bindings = [
                     (1, x.binding()),
                     (2, c.buffer.as_entire_buffer_binding()),
@@ -605,12 +657,35 @@ impl GpuBackend {
         // multiple of 256 bytes (the strictest offset alignment wgpu allows).
         let widest = (k.max(n) * 4) as u64;
         let block = ((self.max_binding / widest / 64).max(1) * 64) as usize;
+        if let Some(spans) = self.split_spans(m, k, n, block) {
+            // Each workgroup sums one K span of one tile into `part` ([span][m][n]),
+            // then one pass adds the spans in order and applies bias and activation.
+            self.split_matmuls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let row_tiles = m.div_ceil(64);
+            let part = self.pool.take(spans * m * n * 4);
+            let part_b = sub_binding(&part, 0, (spans * m * n * 4) as u64);
+            for c in &w.chunks {
+                let params = [m as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, 0, 0, 0, 1, row_tiles as u32];
+                let bindings = [
+                    (1, x.binding()),
+                    (2, c.buffer.as_entire_buffer_binding()),
+                    (3, bias_b.clone()),
+                    (4, part_b.clone()),
+                ];
+                let groups = (c.rows.div_ceil(64) as u32, (spans * row_tiles) as u32);
+                self.dispatch(matmul, &params, &bindings, groups, None);
+            }
+            let params = [m as u32, k as u32, n as u32, 0, n as u32, flags[0], flags[1], 0, 0, 1];
+            let bindings = [(3, bias_b), (4, out.binding()), (5, part_b)];
+            self.dispatch(&self.kernels.matmul_reduce, &params, &bindings, self.grid((m * n).div_ceil(64)), None);
+            return out;
+        }
         for m0 in (0..m).step_by(block) {
             let mb = block.min(m - m0);
             let a = sub_binding(&x.buf, (m0 * k * 4) as u64, (mb * k * 4) as u64);
             let o = sub_binding(&out.buf, (m0 * n * 4) as u64, (mb * n * 4) as u64);
             for c in &w.chunks {
-                let params = [mb as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0];
+                let params = [mb as u32, k as u32, c.rows as u32, c.row0 as u32, n as u32, flags[0], flags[1], 0, 0, 1];
                 let bindings =
                     [(1, a.clone()), (2, c.buffer.as_entire_buffer_binding()), (3, bias_b.clone()), (4, o.clone())];
                 self.dispatch(matmul, &params, &bindings, (c.rows.div_ceil(64) as u32, mb.div_ceil(64) as u32), None);

@@ -5,11 +5,24 @@
 // the adapter has shader-f16 (dense.wgsl), or GGUF blocks decoded in registers
 // (qaccess.wgsl); accumulation is always f32.
 //
-// `matmul`: prefill. A 64x64 output tile per 256-invocation workgroup, 4x4 outputs per
-// invocation, K walked in steps of 16 through workgroup memory (a and w tiles stored
-// k-major so the inner loop reads contiguous 4-vectors). Edges are zero-filled.
-// `gemv` / `gemv_thread`: decode (m <= 8 rows): each weight is read once for all rows;
-// the first for GPUs, the second for CPU-backed adapters (see below).
+// `matmul`: prefill, and every row count in batch-invariant mode. A 64x64 output tile
+// per 256-invocation workgroup, 4x4 outputs per invocation, K walked in steps of 16
+// through workgroup memory (a and w tiles stored k-major so the inner loop reads
+// contiguous 4-vectors). Edges are zero-filled.
+//
+// Its sum order is fixed by K alone: each output sums K in spans of KC values, each
+// span from zero in k order (fma), then the spans' sums in span order. Whole (`split` =
+// 0), one workgroup walks every span; split (`split` = 1; by default decode batches of
+// up to 64 rows on a GPU), the grid's y also runs over the spans, each workgroup writes
+// its span's raw sums to `out` laid out [span][m][ldo], and `matmul_reduce` adds them in
+// span order and applies the bias and activation. Both walk a span with the same
+// instructions, so a row's bits do not depend on how many rows came with it or on which
+// way ran: a batch of 1..64 decode rows gets a grid as wide as the weights' columns
+// times K's spans (a GPU full of workgroups, each weight still read once per step) and
+// the same bits as a 512-row prefill.
+// `gemv` / `gemv_thread`: decode (m <= 8 rows) outside batch-invariant mode: each
+// weight is read once for all rows; the first for GPUs, the second for CPU-backed
+// adapters (see below).
 
 struct Params {
     m: u32,          // rows of a and out
@@ -20,11 +33,15 @@ struct Params {
     has_bias: u32,
     fuse_gelu: u32,
     group_cols: u32, // output columns per workgroup (the subgroup GEMV only)
+    split: u32,      // matmul: 1 = one K span per workgroup (see above)
+    row_tiles: u32,  // matmul, split: 64-row tiles of a (the grid's y is span * row_tiles + tile)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+// The spans' raw sums (`matmul_reduce` only).
+@group(0) @binding(5) var<storage, read> part: array<f32>;
 // Bindings 1 (`a`) and 2 (`w`), and how they are read, come from the access part the
 // Rust side puts before this file: dense.wgsl (f32/f16 weights) or qaccess.wgsl
 // (GGUF blocks). It defines `aload4(row, k)` and `wload4(row, k)` (values k..k+3 of a
@@ -44,6 +61,8 @@ fn finish(acc: f32, col: u32) -> f32 {
 
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
+// The K span of the sum order (a multiple of TK and of every block size).
+const KC: u32 = 256u;
 
 var<workgroup> a_tile: array<vec4<f32>, 256>; // [TK][TILE / 4]
 var<workgroup> w_tile: array<vec4<f32>, 256>; // [TK][TILE / 4]
@@ -51,16 +70,29 @@ var<workgroup> w_tile: array<vec4<f32>, 256>; // [TK][TILE / 4]
 @compute @workgroup_size(16, 16)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
           @builtin(local_invocation_index) tid: u32) {
-    let row0 = wg.y * TILE;
+    var tile = wg.y;
+    var span = 0u;
+    var k_begin = 0u;
+    var k_end = p.k;
+    if (p.split != 0u) {
+        tile = wg.y % p.row_tiles;
+        span = wg.y / p.row_tiles;
+        k_begin = span * KC;
+        k_end = min(k_begin + KC, p.k);
+    }
+    let row0 = tile * TILE;
     let col0 = wg.x * TILE;
+    // acc: the current span's sums; total: the spans' so far, in span order.
     var acc: array<vec4<f32>, 4>;
+    var total: array<vec4<f32>, 4>;
     for (var i = 0u; i < 4u; i = i + 1u) {
         acc[i] = vec4<f32>(0.0);
+        total[i] = vec4<f32>(0.0);
     }
     // Loading: each invocation fetches 4 consecutive k of one row, for a and for w.
     let load_r = tid / 4u;        // 0..63: tile row
     let load_k = (tid % 4u) * 4u; // 0, 4, 8, 12
-    for (var k0 = 0u; k0 < p.k; k0 = k0 + TK) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + TK) {
         let ar = row0 + load_r;
         let wr = col0 + load_r;
         var av = vec4<f32>(0.0);
@@ -81,12 +113,23 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         for (var kk = 0u; kk < TK; kk = kk + 1u) {
             let av4 = a_tile[kk * 16u + lid.y];
             let wv4 = w_tile[kk * 16u + lid.x];
-            acc[0] = acc[0] + av4.x * wv4;
-            acc[1] = acc[1] + av4.y * wv4;
-            acc[2] = acc[2] + av4.z * wv4;
-            acc[3] = acc[3] + av4.w * wv4;
+            acc[0] = fma(vec4<f32>(av4.x), wv4, acc[0]);
+            acc[1] = fma(vec4<f32>(av4.y), wv4, acc[1]);
+            acc[2] = fma(vec4<f32>(av4.z), wv4, acc[2]);
+            acc[3] = fma(vec4<f32>(av4.w), wv4, acc[3]);
         }
         workgroupBarrier();
+        // A span ends: its sums join the total (the first span's are the total).
+        if ((k0 + TK) % KC == 0u || k0 + TK >= k_end) {
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                if (k0 < k_begin + KC) {
+                    total[i] = acc[i];
+                } else {
+                    total[i] = total[i] + acc[i];
+                }
+                acc[i] = vec4<f32>(0.0);
+            }
+        }
     }
     for (var i = 0u; i < 4u; i = i + 1u) {
         let r = row0 + lid.y * 4u + i;
@@ -94,11 +137,31 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
             for (var j = 0u; j < 4u; j = j + 1u) {
                 let c = col0 + lid.x * 4u + j;
                 if (c < p.n) {
-                    out[r * p.ldo + p.n_off + c] = finish(acc[i][j], c);
+                    if (p.split != 0u) {
+                        out[(span * p.m + r) * p.ldo + p.n_off + c] = total[i][j];
+                    } else {
+                        out[r * p.ldo + p.n_off + c] = finish(total[i][j], c);
+                    }
                 }
             }
         }
     }
+}
+
+// Split matmul's second pass, over every output column at once (n_off = 0, ldo = n):
+// out[r, c] = act(spans' sums in span order + bias[c]).
+@compute @workgroup_size(64)
+fn matmul_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    if (i >= p.m * p.ldo) {
+        return;
+    }
+    let spans = (p.k + KC - 1u) / KC;
+    var total = part[i];
+    for (var s = 1u; s < spans; s = s + 1u) {
+        total = total + part[s * p.m * p.ldo + i];
+    }
+    out[i] = finish(total, i % p.ldo);
 }
 
 // Decode batches: up to 8 rows share each weight read. Their accumulators are eight
