@@ -61,8 +61,10 @@ pub const QUANT_FORMATS: [(GgmlType, &str); 8] = [
 const QUANT_FILES: [&str; 2] = ["matmul.wgsl", "qembed.wgsl"];
 const QEMBED: &str = include_str!("kernels/qembed.wgsl");
 const QUANT: &str = include_str!("kernels/quant.wgsl");
-/// How matmul.wgsl reads its operands: dense weights, or GGUF blocks.
+/// How matmul.wgsl reads its operands: dense weights (a value at a time, or as 4-vectors
+/// when k is a multiple of 4), or GGUF blocks.
 const DENSE_ACCESS: &str = include_str!("kernels/dense.wgsl");
+const DENSE4_ACCESS: &str = include_str!("kernels/dense4.wgsl");
 const QUANT_ACCESS: &str = include_str!("kernels/qaccess.wgsl");
 
 /// The file the subgroup GEMV (`gemv_sg.wgsl`, entry point [`SUBGROUP_ENTRY`]) is
@@ -99,8 +101,17 @@ pub fn quant_source(file: &str, ty: GgmlType, subgroups: bool) -> Option<String>
 /// The full source of kernel `file` with weights and KV cache of type f16 (`f16 = true`)
 /// or f32 (with the subgroup GEMV when `subgroups`).
 pub fn source(file: &str, f16: bool, subgroups: bool) -> Option<String> {
+    source_with(file, f16, subgroups, DENSE_ACCESS)
+}
+
+/// matmul.wgsl over dense weights read as 4-vectors (for k a multiple of 4).
+pub fn dense4_source(f16: bool, subgroups: bool) -> String {
+    source_with(SUBGROUP_FILE, f16, subgroups, DENSE4_ACCESS).expect("listed")
+}
+
+fn source_with(file: &str, f16: bool, subgroups: bool, dense_access: &str) -> Option<String> {
     let body = FILES.iter().find(|(name, _)| *name == file)?.1;
-    let body = if file == SUBGROUP_FILE { linear_body(DENSE_ACCESS, subgroups) } else { body.to_owned() };
+    let body = if file == SUBGROUP_FILE { linear_body(dense_access, subgroups) } else { body.to_owned() };
     let header =
         if f16 { "enable f16;\nalias W = f16;\nalias KV = f16;\n" } else { "alias W = f32;\nalias KV = f32;\n" };
     let reduce = if USES_REDUCE.contains(&file) { REDUCE } else { "" };
@@ -108,8 +119,9 @@ pub fn source(file: &str, f16: bool, subgroups: bool) -> Option<String> {
 }
 
 /// Every (label, source) the backend may compile: each file in f32, the files that read
-/// weights or the KV cache again in f16, the quantized files per block format, and the
-/// GEMV files again with subgroups (labels end in `+subgroups`).
+/// weights or the KV cache again in f16, the linear layers again over 4-vector dense
+/// access, the quantized files per block format, and the GEMV files again with subgroups
+/// (labels end in `+subgroups`).
 pub fn kernel_sources() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for subgroups in [false, true] {
@@ -121,6 +133,10 @@ pub fn kernel_sources() -> Vec<(String, String)> {
             out.push((format!("{file} (f32){sg}"), source(file, false, subgroups).expect("listed")));
             if F16_FILES.contains(&file) {
                 out.push((format!("{file} (f16){sg}"), source(file, true, subgroups).expect("listed")));
+            }
+            if file == SUBGROUP_FILE {
+                out.push((format!("{file} (f32, vec4){sg}"), dense4_source(false, subgroups)));
+                out.push((format!("{file} (f16, vec4){sg}"), dense4_source(true, subgroups)));
             }
         }
         for file in QUANT_FILES {
@@ -178,6 +194,26 @@ pub struct Kernel {
     pub id: usize,
 }
 
+/// The linear-layer kernels of one matmul.wgsl module (one weight form and access).
+pub struct LinearKernels {
+    pub matmul: Kernel,
+    pub gemv: Kernel,
+    pub gemv_thread: Kernel,
+    /// With subgroups only.
+    pub gemv_sg: Option<Kernel>,
+}
+
+impl LinearKernels {
+    fn build(device: &wgpu::Device, m: &wgpu::ShaderModule, subgroups: bool) -> BackendResult<Self> {
+        Ok(LinearKernels {
+            matmul: build_kernel(device, m, "matmul")?,
+            gemv: build_kernel(device, m, "gemv")?,
+            gemv_thread: build_kernel(device, m, "gemv_thread")?,
+            gemv_sg: subgroups.then(|| build_kernel(device, m, SUBGROUP_ENTRY)).transpose()?,
+        })
+    }
+}
+
 /// Every pipeline the backend dispatches. `*_f16` exist when the device has shader-f16.
 pub struct Kernels {
     pub add: Kernel,
@@ -208,6 +244,9 @@ pub struct Kernels {
     pub embed_f16: Option<Kernel>,
     pub kv_store_f16: Option<Kernel>,
     pub attend_f16: Option<Kernel>,
+    /// The linear layers over dense weights read as 4-vectors (k a multiple of 4).
+    pub dense4: LinearKernels,
+    pub dense4_f16: Option<LinearKernels>,
 }
 
 /// Distinguishes kernels in the bind-group cache (quantized kernels are built later
@@ -331,6 +370,10 @@ impl Kernels {
         let f16_kernel = |m: &Option<wgpu::ShaderModule>, entry: &str| -> BackendResult<Option<Kernel>> {
             m.as_ref().map(|m| kernel(m, entry)).transpose()
         };
+        let dense4 = |f16: bool| -> BackendResult<LinearKernels> {
+            let m = compile_module(device, "matmul.wgsl (vec4)", dense4_source(f16, subgroups))?;
+            LinearKernels::build(device, &m, subgroups)
+        };
         Ok(Kernels {
             add: kernel(&elementwise, "add")?,
             gelu: kernel(&elementwise, "gelu")?,
@@ -358,6 +401,8 @@ impl Kernels {
             embed_f16: f16_kernel(&embed16, "embed")?,
             kv_store_f16: f16_kernel(&attn16, "kv_store")?,
             attend_f16: f16_kernel(&attn16, "attend")?,
+            dense4: dense4(false)?,
+            dense4_f16: if f16 { Some(dense4(true)?) } else { None },
         })
     }
 }

@@ -580,6 +580,16 @@ impl GpuBackend {
         } else {
             (&k.matmul, &k.embed)
         };
+        if m.cols.is_multiple_of(4) {
+            // Rows of whole 4-vectors: the vector-load variants (same matmul bits).
+            let set = if f16 { k.dense4_f16.as_ref().expect("f16 weights imply shader-f16") } else { &k.dense4 };
+            let gemv = match self.gemv {
+                GemvKernel::Thread => &set.gemv_thread,
+                GemvKernel::Subgroup => set.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
+                _ => &set.gemv,
+            };
+            return (&set.matmul, gemv, embed);
+        }
         let gemv = match (f16, self.gemv) {
             (false, GemvKernel::Thread) => &k.gemv_thread,
             (false, GemvKernel::Subgroup) => k.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
