@@ -1166,11 +1166,12 @@ fn gpu_matmul_split_or_whole_gives_the_same_bits() {
     let r = ReferenceBackend;
     let mut rng = Rng::new(11);
     // (dense dtype or block format, k, n)
-    let cases: [(Result<WeightDtype, GgmlType>, usize, usize); 8] = [
+    let cases: [(Result<WeightDtype, GgmlType>, usize, usize); 9] = [
         (Ok(WeightDtype::F32), 300, 67),
         (Ok(WeightDtype::F32), 1000, 130),
-        (Ok(WeightDtype::F32), 1800, 70),
+        (Ok(WeightDtype::F32), 1801, 70),
         (Ok(WeightDtype::F16), 777, 65),
+        (Ok(WeightDtype::F16), 768, 66),
         (Err(GgmlType::Q8_0), 800, 67),
         (Err(GgmlType::Q4_0), 288, 129),
         (Err(GgmlType::Q4K), 1536, 65),

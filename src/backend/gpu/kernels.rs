@@ -7,10 +7,11 @@
 //!
 //! The linear-layer kernels (`matmul.wgsl`: tiled matmul and the decode GEMVs) are
 //! written once over how they read their operands: `dense.wgsl` for f32/f16 weights,
-//! `qaccess.wgsl` for GGUF blocks decoded in registers. The block-quantized variants
-//! (and `qembed.wgsl`) are compiled once per block format ([`QUANT_FORMATS`]) on first
-//! use: their header names the block size, the block bytes and the format's decoder
-//! from `quant.wgsl`.
+//! `dense4.wgsl` for the same as 4-vectors when k is a multiple of 4, `qaccess.wgsl` for
+//! GGUF blocks decoded in registers (the last two with `vec4_rows.wgsl`). The
+//! block-quantized variants (and `qembed.wgsl`) are compiled once per block format
+//! ([`QUANT_FORMATS`]) on first use: their header names the block size, the block bytes
+//! and the format's decoder from `quant.wgsl`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -64,8 +65,8 @@ const QUANT: &str = include_str!("kernels/quant.wgsl");
 /// How matmul.wgsl reads its operands: dense weights (a value at a time, or as 4-vectors
 /// when k is a multiple of 4), or GGUF blocks.
 const DENSE_ACCESS: &str = include_str!("kernels/dense.wgsl");
-const DENSE4_ACCESS: &str = include_str!("kernels/dense4.wgsl");
-const QUANT_ACCESS: &str = include_str!("kernels/qaccess.wgsl");
+const DENSE4_ACCESS: &str = concat!(include_str!("kernels/dense4.wgsl"), include_str!("kernels/vec4_rows.wgsl"));
+const QUANT_ACCESS: &str = concat!(include_str!("kernels/qaccess.wgsl"), include_str!("kernels/vec4_rows.wgsl"));
 
 /// The file the subgroup GEMV (`gemv_sg.wgsl`, entry point [`SUBGROUP_ENTRY`]) is
 /// appended to when the adapter has subgroups. (No `enable subgroups;`: naga takes the
@@ -371,7 +372,8 @@ impl Kernels {
             m.as_ref().map(|m| kernel(m, entry)).transpose()
         };
         let dense4 = |f16: bool| -> BackendResult<LinearKernels> {
-            let m = compile_module(device, "matmul.wgsl (vec4)", dense4_source(f16, subgroups))?;
+            let label = if f16 { "matmul.wgsl (f16, vec4)" } else { "matmul.wgsl (f32, vec4)" };
+            let m = compile_module(device, label, dense4_source(f16, subgroups))?;
             LinearKernels::build(device, &m, subgroups)
         };
         Ok(Kernels {

@@ -580,7 +580,7 @@ impl GpuBackend {
         } else {
             (&k.matmul, &k.embed)
         };
-        if m.cols.is_multiple_of(4) {
+        if m.cols > 0 && m.cols.is_multiple_of(4) {
             // Rows of whole 4-vectors: the vector-load variants (same matmul bits).
             let set = if f16 { k.dense4_f16.as_ref().expect("f16 weights imply shader-f16") } else { &k.dense4 };
             let gemv = match self.gemv {

@@ -7,8 +7,8 @@
 // full: each lane numbers itself by an exclusive prefix sum over its subgroup, each
 // subgroup numbers itself with one workgroup atomic (taken by its lane 0), and the
 // workgroup's `group_cols` columns (set by the host) are dealt out to however many
-// subgroups there are. `wstep` is the weight values one lane takes per step (1 dense,
-// 4 quantized) and `wdot` accumulates them.
+// subgroups there are. `wstep` is the weight values one lane takes per step (1 for
+// dense.wgsl, 4 for the 4-vector accesses) and `wdot` accumulates them.
 
 var<workgroup> sg_count: atomic<u32>;
 

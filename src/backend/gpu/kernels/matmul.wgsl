@@ -43,10 +43,11 @@ struct Params {
 // The spans' raw sums (`matmul_reduce` only).
 @group(0) @binding(5) var<storage, read> part: array<f32>;
 // Bindings 1 (`a`) and 2 (`w`), and how they are read, come from the access part the
-// Rust side puts before this file: dense.wgsl (f32/f16 weights) or qaccess.wgsl
-// (GGUF blocks). It defines `aload4(row, k)` and `wload4(row, k)` (values k..k+3 of a
-// row, zero past its end), `wstep` (weight values one GEMV step takes: 1 dense, 4
-// quantized) and `wdot(acc, col, g)` (step g of column `col` into the 8 row sums).
+// Rust side puts before this file: dense.wgsl (f32/f16 weights, a value at a time),
+// dense4.wgsl (the same as 4-vectors, k a multiple of 4) or qaccess.wgsl (GGUF blocks).
+// It defines `aload4(row, k)` and `wload4(row, k)` (values k..k+3 of a row, zero past
+// its end), `wstep` (weight values one GEMV step takes: 1 in dense.wgsl, 4 in the
+// others) and `wdot(acc, col, g)` (step g of column `col` into the 8 row sums).
 
 fn finish(acc: f32, col: u32) -> f32 {
     var v = acc;
@@ -194,7 +195,7 @@ fn row_of(acc: Acc8, r: u32) -> f32 {
 var<workgroup> red: array<f32, 2048>; // [8 rows][256]
 
 // 256 invocations = 8 output columns x 32 lanes. The lanes of a column read 32
-// consecutive weights per step (one 128-byte run in f32), the classic one-warp-per-row
+// consecutive steps of weights (a 128- to 512-byte run in f32), the classic one-warp-per-row
 // GEMV, then a tree reduction in workgroup memory.
 @compute @workgroup_size(256)
 fn gemv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
