@@ -227,21 +227,15 @@ pub struct Kernels {
     pub add_layer_norm: Kernel,
     pub rms_norm: Kernel,
     pub add_rms_norm: Kernel,
-    pub matmul: Kernel,
+    /// The linear layers over dense f32 weights, read a value at a time.
+    pub dense: LinearKernels,
     /// The split matmul's second pass (for every weight type: it reads only f32 sums).
     pub matmul_reduce: Kernel,
-    pub gemv: Kernel,
-    pub gemv_thread: Kernel,
-    /// With subgroups only.
-    pub gemv_sg: Option<Kernel>,
     pub kv_store: Kernel,
     pub attend: Kernel,
     pub embed: Kernel,
     pub argmax: Kernel,
-    pub matmul_f16: Option<Kernel>,
-    pub gemv_f16: Option<Kernel>,
-    pub gemv_thread_f16: Option<Kernel>,
-    pub gemv_sg_f16: Option<Kernel>,
+    pub dense_f16: Option<LinearKernels>,
     pub embed_f16: Option<Kernel>,
     pub kv_store_f16: Option<Kernel>,
     pub attend_f16: Option<Kernel>,
@@ -315,11 +309,7 @@ fn build_kernel(device: &wgpu::Device, m: &wgpu::ShaderModule, entry: &str) -> B
 /// The kernels for weights in one GGUF block format, read in place.
 pub struct QuantKernels {
     pub ty: GgmlType,
-    pub matmul: Kernel,
-    pub gemv: Kernel,
-    pub gemv_thread: Kernel,
-    /// With subgroups only.
-    pub gemv_sg: Option<Kernel>,
+    pub linear: LinearKernels,
     pub embed: Kernel,
 }
 
@@ -334,10 +324,7 @@ impl QuantKernels {
         let (mm, embed) = (module(SUBGROUP_FILE)?, module("qembed.wgsl")?);
         Ok(QuantKernels {
             ty,
-            matmul: build_kernel(device, &mm, "matmul")?,
-            gemv: build_kernel(device, &mm, "gemv")?,
-            gemv_thread: build_kernel(device, &mm, "gemv_thread")?,
-            gemv_sg: subgroups.then(|| build_kernel(device, &mm, SUBGROUP_ENTRY)).transpose()?,
+            linear: LinearKernels::build(device, &mm, subgroups)?,
             embed: build_kernel(device, &embed, "qembed")?,
         })
     }
@@ -387,19 +374,13 @@ impl Kernels {
             add_layer_norm: kernel(&ln, "add_layer_norm")?,
             rms_norm: kernel(&ln, "rms_norm")?,
             add_rms_norm: kernel(&ln, "add_rms_norm")?,
-            matmul: kernel(&mm, "matmul")?,
+            dense: LinearKernels::build(device, &mm, subgroups)?,
             matmul_reduce: kernel(&mm, "matmul_reduce")?,
-            gemv: kernel(&mm, "gemv")?,
-            gemv_thread: kernel(&mm, "gemv_thread")?,
-            gemv_sg: subgroups.then(|| kernel(&mm, "gemv_sg")).transpose()?,
             kv_store: kernel(&attn, "kv_store")?,
             attend: kernel(&attn, "attend")?,
             embed: kernel(&embed, "embed")?,
             argmax: kernel(&argmax, "argmax")?,
-            matmul_f16: f16_kernel(&mm16, "matmul")?,
-            gemv_f16: f16_kernel(&mm16, "gemv")?,
-            gemv_thread_f16: f16_kernel(&mm16, "gemv_thread")?,
-            gemv_sg_f16: if subgroups { f16_kernel(&mm16, "gemv_sg")? } else { None },
+            dense_f16: mm16.as_ref().map(|m| LinearKernels::build(device, m, subgroups)).transpose()?,
             embed_f16: f16_kernel(&embed16, "embed")?,
             kv_store_f16: f16_kernel(&attn16, "kv_store")?,
             attend_f16: f16_kernel(&attn16, "attend")?,

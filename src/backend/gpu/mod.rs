@@ -562,43 +562,23 @@ impl GpuBackend {
 
     /// (matmul, gemv, embed) kernels for the weights of `m`.
     fn weight_kernels<'a>(&'a self, m: &'a GpuMatrix) -> (&'a Kernel, &'a Kernel, &'a Kernel) {
-        if let Some(q) = &m.quant {
-            let gemv = match self.gemv {
-                GemvKernel::Thread => &q.gemv_thread,
-                GemvKernel::Subgroup => q.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
-                _ => &q.gemv,
-            };
-            return (&q.matmul, gemv, &q.embed);
-        }
         let k = &self.kernels;
-        let f16 = m.dtype == WeightDtype::F16;
-        let (matmul, embed) = if f16 {
-            (
-                k.matmul_f16.as_ref().expect("f16 weights imply shader-f16"),
-                k.embed_f16.as_ref().expect("f16 weights imply shader-f16"),
-            )
-        } else {
-            (&k.matmul, &k.embed)
+        let (set, embed) = match &m.quant {
+            Some(q) => (&q.linear, &q.embed),
+            None if m.dtype == WeightDtype::F16 => {
+                let embed = k.embed_f16.as_ref().expect("f16 weights imply shader-f16");
+                // Rows of whole 4-vectors take the vector-load variants (same matmul sums).
+                let set = if m.cols > 0 && m.cols.is_multiple_of(4) { &k.dense4_f16 } else { &k.dense_f16 };
+                (set.as_ref().expect("f16 weights imply shader-f16"), embed)
+            }
+            None => (if m.cols > 0 && m.cols.is_multiple_of(4) { &k.dense4 } else { &k.dense }, &k.embed),
         };
-        if m.cols > 0 && m.cols.is_multiple_of(4) {
-            // Rows of whole 4-vectors: the vector-load variants (same matmul bits).
-            let set = if f16 { k.dense4_f16.as_ref().expect("f16 weights imply shader-f16") } else { &k.dense4 };
-            let gemv = match self.gemv {
-                GemvKernel::Thread => &set.gemv_thread,
-                GemvKernel::Subgroup => set.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
-                _ => &set.gemv,
-            };
-            return (&set.matmul, gemv, embed);
-        }
-        let gemv = match (f16, self.gemv) {
-            (false, GemvKernel::Thread) => &k.gemv_thread,
-            (false, GemvKernel::Subgroup) => k.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
-            (false, _) => &k.gemv,
-            (true, GemvKernel::Thread) => k.gemv_thread_f16.as_ref().expect("f16 weights imply shader-f16"),
-            (true, GemvKernel::Subgroup) => k.gemv_sg_f16.as_ref().expect("f16 and subgroups"),
-            (true, _) => k.gemv_f16.as_ref().expect("f16 weights imply shader-f16"),
+        let gemv = match self.gemv {
+            GemvKernel::Thread => &set.gemv_thread,
+            GemvKernel::Subgroup => set.gemv_sg.as_ref().expect("the subgroup GEMV implies subgroups"),
+            _ => &set.gemv,
         };
-        (matmul, gemv, embed)
+        (&set.matmul, gemv, embed)
     }
 
     /// The K spans to split an (m x k) . (n x k)^T matmul over, or `None` to run it
